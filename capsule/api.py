@@ -1,0 +1,75 @@
+"""`capsule.execute()`: one request in, one response out. The CLI is a thin layer over this."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import traceback
+from typing import Any
+
+from .errors import CapsuleError, InternalError
+from .models import ExecutionRequest, ExecutionResponse
+from .validation import request_id
+
+log = logging.getLogger("capsule")
+
+
+def _error_response(execution_id: str, started: str, exc: CapsuleError) -> ExecutionResponse:
+    from .supervisor import utc_now
+
+    return ExecutionResponse(
+        execution_id=execution_id, status=exc.status if exc.code.startswith(("E3", "E4", "E5")) else "error",
+        timestamps={"started": started, "completed": utc_now()}, error=exc.to_dict(),
+    )
+
+
+def execute(
+    request: dict[str, Any] | ExecutionRequest | bytes | str,
+    *,
+    profile: str | None = None,
+    config: str | None = None,
+    on_event: Any = None,
+) -> ExecutionResponse:
+    """Run one request in a fresh sandbox and return its response. Never raises for a bad
+    request or a failed sandbox: every outcome is a response (PROTOCOL.md section 1).
+
+    `request` is a dict (as parsed JSON), raw JSON bytes/str, or a validated ExecutionRequest.
+    `profile` overrides the request's `profile` field (the CLI's --profile wins).
+    """
+    from . import profiles, validation
+    from .plan import build_plan
+    from .supervisor import Run, utc_now
+
+    t0 = time.monotonic()
+    started = utc_now()
+    execution_id = request.execution_id if isinstance(request, ExecutionRequest) else request_id(request)
+    try:
+        if isinstance(request, (bytes, str)):
+            raw = request.encode("utf-8", "surrogatepass") if isinstance(request, str) else request
+            request = validation.parse_request_bytes(raw)
+            execution_id = request_id(request)
+        if isinstance(request, dict):
+            req = validation.validate(request)
+        elif isinstance(request, ExecutionRequest):
+            req = request
+            validation.validate_paths(req)
+        else:
+            raise validation.RequestNotJSON(f"request must be a JSON object, not {type(request).__name__}")
+        execution_id = req.execution_id
+        prof = profiles.load_profile(profile or req.profile or "default", config)
+        limits = profiles.effective_limits(req, prof)
+        profiles.check_policy(req, prof)
+        from . import host
+
+        warnings = host.check_layers(prof)
+        session_dir = host.session_dir_for(req.session, rootless=os.geteuid() != 0) if req.session else None
+        plan = build_plan(req, prof, limits, session_dir=session_dir)
+        return Run(plan, started=started, t0=t0, on_event=on_event, warnings=warnings).execute()
+    except CapsuleError as exc:
+        return _error_response(execution_id, started, exc)
+    except Exception as exc:  # noqa: BLE001 - a bug still answers with one JSON document
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        log.error("internal error:\n%s", traceback.format_exc())
+        return _error_response(execution_id, started, InternalError(
+            f"{type(exc).__name__}: {exc}", where=f"{os.path.basename(where.filename)}:{where.lineno}"))

@@ -1,0 +1,143 @@
+"""What this host offers, probed without changing it; `capsule-run check` prints it.
+
+Probes fork a throwaway child to try a namespace for real (a sysctl can say yes while AppArmor
+says no), and cache the answer for the life of the process.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+from typing import Any
+
+from . import _libc, cgroups, state
+from .errors import IOFailure, LayerMissing, NamespaceError
+from .plan import OVERFLOW_UID
+from .profiles import Profile, list_profiles, load_profile
+
+
+def _try_in_child(fn: Any) -> tuple[bool, str]:
+    """Run fn() in a forked child; (ok, error text)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            fn()
+            os._exit(0)
+        except OSError as exc:
+            os.write(w, str(exc).encode()[:500])
+            os._exit(1)
+        except BaseException:  # noqa: BLE001
+            os._exit(2)
+    os.close(w)
+    message = b""
+    while chunk := os.read(r, 512):
+        message += chunk
+    os.close(r)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0, message.decode(errors="replace")
+
+
+@functools.lru_cache(maxsize=1)
+def user_namespaces() -> tuple[bool, str]:
+    flags = _libc.CLONE_NEWUSER | _libc.CLONE_NEWNS | _libc.CLONE_NEWPID | _libc.CLONE_NEWNET
+    return _try_in_child(lambda: _libc.unshare(flags))
+
+
+@functools.lru_cache(maxsize=1)
+def seccomp_available() -> bool:
+    with open("/proc/self/status") as fh:
+        return any(line.startswith("Seccomp:") for line in fh)
+
+
+def check_layers(profile: Profile) -> list[str]:
+    """Fail with E2009 for a missing layer the profile requires; else a warning for each."""
+    warnings: list[str] = []
+    ok, why = user_namespaces()
+    if not ok:
+        raise NamespaceError(f"this host refuses new user namespaces: {why}", stage="probe")
+    missing = []
+    if cgroups.detect().version == "none":
+        missing.append(("cgroup", "no usable cgroup (v2 or v1): memory, pids and CPU are limited by rlimits only"))
+    if profile.seccomp != "off" and not seccomp_available():
+        missing.append(("seccomp", "the kernel has no seccomp filter support"))
+    for layer, text in missing:
+        if layer in profile.require:
+            raise LayerMissing(f"profile {profile.name!r} requires {layer}: {text}", layer=layer,
+                               profile=profile.name)
+        warnings.append(f"degraded: {text}")
+    return warnings
+
+
+def session_dir_for(name: str, *, rootless: bool) -> str:
+    """The session's workspace on the host, owned by the host uid the sandbox user maps to."""
+    path = os.path.join(state.sessions_dir(), name)
+    try:
+        os.makedirs(state.sessions_dir(), mode=0o700, exist_ok=True)
+        if not os.path.isdir(path):
+            os.mkdir(path, 0o700)
+            if not rootless:
+                os.chown(path, OVERFLOW_UID, OVERFLOW_UID)
+    except OSError as exc:
+        raise IOFailure(f"session directory {path}: {exc.strerror}", stage="session", errno=exc.errno) from None
+    return path
+
+
+def list_sessions() -> list[str]:
+    try:
+        return sorted(e for e in os.listdir(state.sessions_dir()) if not e.endswith(".lock"))
+    except FileNotFoundError:
+        return []
+
+
+def remove_session(name: str) -> bool:
+    path = os.path.join(state.sessions_dir(), name)
+    if not os.path.isdir(path):
+        return False
+    shutil.rmtree(path)
+    try:
+        os.unlink(path + ".lock")
+    except FileNotFoundError:
+        pass
+    return True
+
+
+def report(config: str | None = None) -> dict[str, Any]:
+    """`capsule-run check`: what this host offers, which profiles can run, how to fix the rest."""
+    userns_ok, userns_why = user_namespaces()
+    cg = cgroups.detect()
+    fixes = []
+    if not userns_ok:
+        fixes.append(NamespaceError.hint)
+    if cg.version == "none":
+        fixes.append(cg.fix or "run as root, or get a delegated cgroup v2 subtree")
+    pivot_ok = False
+    if userns_ok:
+        def try_pivot() -> None:
+            _libc.unshare(_libc.CLONE_NEWUSER | _libc.CLONE_NEWNS)
+            _libc.mount(None, "/", None, _libc.MS_REC | _libc.MS_PRIVATE)
+            _libc.mount("tmpfs", "/tmp", "tmpfs", 0, "size=64k")
+            os.mkdir("/tmp/old")
+            _libc.pivot_root("/tmp", "/tmp/old")
+        pivot_ok, _ = _try_in_child(try_pivot)
+    profiles: dict[str, Any] = {}
+    for name in list_profiles(config):
+        try:
+            prof = load_profile(name, config)
+            warnings = check_layers(prof)
+            profiles[name] = {"runs": True, "warnings": warnings}
+        except Exception as exc:  # noqa: BLE001 - report, don't stop
+            profiles[name] = {"runs": False, "error": str(exc), "hint": getattr(exc, "hint", "")}
+    return {
+        "root": os.geteuid() == 0,
+        "kernel": os.uname().release,
+        "user_namespaces": {"ok": userns_ok, "error": userns_why or None},
+        "pivot_root": pivot_ok,
+        "seccomp": seccomp_available(),
+        "cgroup": cg.as_dict(),
+        "state_dir": state.state_dir(),
+        "profiles": profiles,
+        "fixes": fixes,
+    }
