@@ -64,7 +64,10 @@ def execute(
 
         warnings = host.check_layers(prof)
         session_dir = host.session_dir_for(req.session, rootless=os.geteuid() != 0) if req.session else None
-        plan = build_plan(req, prof, limits, session_dir=session_dir)
+        from . import cgroups
+
+        plan = build_plan(req, prof, limits, session_dir=session_dir,
+                          cgroup_available=cgroups.detect().version != "none")
         return Run(plan, started=started, t0=t0, on_event=on_event, warnings=warnings).execute()
     except CapsuleError as exc:
         return _error_response(execution_id, started, exc)

@@ -181,6 +181,7 @@ def build_plan(
     euid: int | None = None,
     egid: int | None = None,
     session_dir: str | None = None,
+    cgroup_available: bool = True,
 ) -> Plan:
     euid = os.geteuid() if euid is None else euid
     egid = os.getegid() if egid is None else egid
@@ -220,6 +221,13 @@ def build_plan(
     rlimits = [Rlimit("core", resource.RLIMIT_CORE, 0), Rlimit("nofile", resource.RLIMIT_NOFILE, limits.max_open_files)]
     if limits.max_file_bytes is not None:
         rlimits.append(Rlimit("fsize", resource.RLIMIT_FSIZE, limits.max_file_bytes))
+    if not cgroup_available:
+        # Degraded (no cgroup, and the profile allows it): per-process rlimits stand in for the
+        # group's limits. Weaker: RLIMIT_AS counts address space, not memory, per process.
+        rlimits.append(Rlimit("as", resource.RLIMIT_AS, limits.memory_bytes))
+        rlimits.append(Rlimit("nproc", resource.RLIMIT_NPROC, limits.max_pids))
+        if limits.cpu_time_ms is not None:
+            rlimits.append(Rlimit("cpu", resource.RLIMIT_CPU, max(1, -(-limits.cpu_time_ms // 1000))))
 
     env = {"PATH": SANDBOX_PATH, "HOME": "/tmp", "LANG": "C.UTF-8", "TMPDIR": "/tmp",
            "USER": "root" if uid == 0 else "sandbox"}

@@ -429,6 +429,12 @@ class Run:
             return "success", None, os.WEXITSTATUS(status), None
         signum = os.WTERMSIG(status)
         name = signal.Signals(signum).name if signum in signal.Signals.__members__.values() else f"SIG{signum}"
+        if signum == signal.SIGXCPU or (signum == signal.SIGKILL and self.cgroup is None
+                                          and plan_cpu_limited(self.plan, self.rusage)):
+            self.limits_hit.append("cpu_time")
+            limit = self.plan.limits.cpu_time_ms
+            return "timeout", CpuTimeout(f"the command used more than {limit} ms of CPU time (RLIMIT_CPU)",
+                                         cpu_time_ms=limit), None, None
         if signum == signal.SIGXFSZ:
             self.limits_hit.append("file_size")
             return "killed", FileSizeLimit(f"the command wrote past max_file_bytes ({self.plan.limits.max_file_bytes})",
@@ -485,6 +491,12 @@ class Run:
             if files:
                 resp.files = files
         return resp
+
+
+def plan_cpu_limited(plan: Plan, usage: resource.struct_rusage) -> bool:
+    """Without a cgroup, RLIMIT_CPU's hard limit ends the command with SIGKILL: was it that?"""
+    limit = plan.limits.cpu_time_ms
+    return limit is not None and (usage.ru_utime + usage.ru_stime) * 1000 >= limit
 
 
 def _write_file(path: str, text: str) -> None:
