@@ -28,7 +28,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from . import mounts, network, security, seccomp_policy
+from . import mounts, network, seccomp, security
 from ._libc import sethostname, unshare
 from .errors import (
     CapsuleError,
@@ -89,7 +89,7 @@ def _read_line(fd: int) -> str:
 # ------------------------------------------------------------------------------- child A
 
 
-def sandbox_in_child_a(plan: Plan, fds: ChildFds, supervisor_pid: int) -> None:
+def sandbox_in_child_a(plan: Plan, fds: ChildFds, supervisor_pid: int, sfilter: seccomp.BuiltFilter | None) -> None:
     """Child A: unshare the namespaces, wait for the id maps, fork B, mirror B's exit."""
     code = 1
     try:
@@ -108,7 +108,7 @@ def sandbox_in_child_a(plan: Plan, fds: ChildFds, supervisor_pid: int) -> None:
             raise IdMapError("the supervisor could not write the id maps", stage="idmap")
         pid_b = os.fork()
         if pid_b == 0:
-            init_in_child_b(plan, fds)  # never returns
+            init_in_child_b(plan, fds, sfilter)  # never returns
         _send(fds.ctl, {"event": "init", "pid": pid_b})
         _read_line(fds.ctl)  # "ack": B's pid is known (and pinned by a pidfd) upstream
         for fd in (fds.report_w, fds.stdin_r, fds.stdout_w, fds.stderr_w):
@@ -183,7 +183,7 @@ def collect_files_in_child(plan: Plan) -> list[dict[str, Any]]:
     return files
 
 
-def init_in_child_b(plan: Plan, fds: ChildFds) -> None:
+def init_in_child_b(plan: Plan, fds: ChildFds, sfilter: seccomp.BuiltFilter | None) -> None:
     """Child B, PID 1 of the sandbox: build the world, start C, reap everything, report."""
     try:
         security.die_with_parent(os.getppid())
@@ -198,7 +198,7 @@ def init_in_child_b(plan: Plan, fds: ChildFds) -> None:
 
         pid_c = os.fork()
         if pid_c == 0:
-            workload_in_child_c(plan, fds)  # never returns
+            workload_in_child_c(plan, fds, sfilter)  # never returns
         for fd in (fds.report_w, fds.stdin_r, fds.stdout_w, fds.stderr_w):
             if fd is not None:
                 os.close(fd)
@@ -282,7 +282,7 @@ def _exec_in_child(plan: Plan, fds: ChildFds) -> None:
         ) from None
 
 
-def workload_in_child_c(plan: Plan, fds: ChildFds) -> None:
+def workload_in_child_c(plan: Plan, fds: ChildFds, sfilter: seccomp.BuiltFilter | None) -> None:
     """Child C: the workload. Each step narrows what the command may do; seccomp last."""
     try:
         security.die_with_parent(1)
@@ -301,7 +301,7 @@ def workload_in_child_c(plan: Plan, fds: ChildFds) -> None:
         os.chdir(plan.cwd)
         # Every fd but stdio closes (before RLIMIT_NOFILE shrinks the range to look at); the
         # report pipe is CLOEXEC and closes at exec.
-        keep = sorted({0, 1, 2, fds.report_w})
+        keep = sorted({0, 1, 2, fds.report_w, fds.ctl})  # ctl is CLOEXEC: the seccomp listener goes up it
         top = max(resource.getrlimit(resource.RLIMIT_NOFILE)[1], os.sysconf("SC_OPEN_MAX"))
         top = min(top, 1 << 20)
         for low, high in zip(keep, keep[1:] + [top], strict=True):
@@ -313,10 +313,10 @@ def workload_in_child_c(plan: Plan, fds: ChildFds) -> None:
             signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
         security.set_no_new_privs_in_child()
-        seccomp = seccomp_policy.load_in_child(plan)
+        policy = seccomp.load_in_child(sfilter, fds.ctl)  # last: from here on, only allowed calls
         facts = security.read_status_facts()
         security.verify_dropped(facts)
-        _send(fds.report_w, {"event": "ready", "status": facts, "seccomp": seccomp})
+        _send(fds.report_w, {"event": "ready", "status": facts, "seccomp": policy})
         _exec_in_child(plan, fds)
     except BaseException as exc:  # noqa: BLE001
         _report_error(fds, exc)

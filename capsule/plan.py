@@ -87,6 +87,8 @@ class Plan:
     seccomp: str
     seccomp_action: str
     require: tuple[str, ...]
+    seccomp_add: tuple[str, ...] = ()
+    seccomp_remove: tuple[str, ...] = ()
     files: tuple[FileSpec, ...] = ()
     collect: tuple[str, ...] = ()
     max_collect_bytes: int = 0
@@ -240,6 +242,7 @@ def build_plan(
         rootless=rootless, host_uid=euid, host_gid=egid, sandbox_uid=uid, sandbox_gid=gid,
         mounts=tuple(mounts), rlimits=tuple(rlimits), limits=limits, seccomp=profile.seccomp,
         seccomp_action=profile.seccomp_action, require=profile.require, files=req.files,
+        seccomp_add=profile.seccomp_add, seccomp_remove=profile.seccomp_remove,
         collect=req.collect, max_collect_bytes=profile.max_collect_bytes,
         max_collect_files=profile.max_collect_files, session=req.session,
     )

@@ -47,6 +47,8 @@ class Profile:
     require: tuple[str, ...] = ()  # layers whose absence is E2009 instead of a warning
     user: str = "sandbox"  # "sandbox" (uid 1000 inside) or "root"
     commands: tuple[str, ...] = ()  # allowed command[0] (basename); empty: any
+    seccomp_add: tuple[str, ...] = ()  # syscalls or "@group"s added to the policy
+    seccomp_remove: tuple[str, ...] = ()
     environment: dict[str, str] = field(default_factory=dict)
     max_stdin_bytes: int = 16 * 1024 * 1024
     max_collect_bytes: int = 32 * 1024 * 1024
@@ -59,7 +61,8 @@ class Profile:
             "policy": {
                 "network": self.network, "writable_paths": list(self.writable_paths),
                 "readonly_binds": self.readonly_binds, "seccomp": self.seccomp,
-                "seccomp_action": self.seccomp_action, "require": list(self.require), "user": self.user,
+                "seccomp_action": self.seccomp_action, "seccomp_add": list(self.seccomp_add),
+                "seccomp_remove": list(self.seccomp_remove), "require": list(self.require), "user": self.user,
                 "commands": list(self.commands), "max_stdin_bytes": self.max_stdin_bytes,
                 "max_collect_bytes": self.max_collect_bytes, "max_collect_files": self.max_collect_files,
             },
@@ -155,7 +158,8 @@ def _config_error(file: str, key: str, message: str) -> InvalidConfig:
 _POLICY_TYPES: dict[str, type | tuple[type, ...]] = {
     "network": bool, "writable_paths": list, "readonly_binds": bool, "seccomp": str,
     "seccomp_action": str, "require": list, "user": str, "commands": list,
-    "max_stdin_bytes": int, "max_collect_bytes": int, "max_collect_files": int,
+    "max_stdin_bytes": int, "max_collect_bytes": int, "max_collect_files": int, "seccomp_add": list,
+    "seccomp_remove": list,
 }
 
 
@@ -213,7 +217,12 @@ def _build(name: str, config: str | None, seen: tuple[str, ...] = ()) -> Profile
     if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
         raise _config_error(file, "environment", "must be a table of strings")
     base = parent or Profile(name=name, description="", source=file, defaults={}, ceilings={})
-    lists = {k: tuple(policy[k]) for k in ("writable_paths", "require", "commands") if k in policy}
+    lists = {k: tuple(policy[k]) for k in ("writable_paths", "require", "commands", "seccomp_add", "seccomp_remove")
+             if k in policy}
+    from .seccomp import check_profile_syscalls
+
+    check_profile_syscalls(lists.get("seccomp_add", base.seccomp_add), lists.get("seccomp_remove", base.seccomp_remove),
+                           bool(policy.get("network", base.network)), file)
     scalars = {k: v for k, v in policy.items() if k not in lists}
     return replace(
         base, name=name, source=file, description=str(raw.get("description", base.description)),

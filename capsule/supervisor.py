@@ -22,6 +22,7 @@ import fcntl
 import json
 import os
 import resource
+import select
 import selectors
 import signal
 import socket
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from . import cgroups, child, state
+from . import cgroups, child, seccomp, state
 from .errors import (
     CapsuleError,
     CommandSignaled,
@@ -101,6 +102,8 @@ class Run:
         self.pid_a = 0
         self.pidfd_b: int | None = None
         self.cgroup: cgroups.CgroupRun | None = None
+        self.listener: int | None = None  # the seccomp user-notification fd, once C sends it
+        self.violations: list[seccomp.Violation] = []
 
     # ------------------------------------------------------------------ lifecycle
     def execute(self) -> ExecutionResponse:
@@ -145,6 +148,7 @@ class Run:
         in_r, in_w = os.pipe() if plan.stdin is not None else (None, None)
         ctl_parent, ctl_child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         fds = child.ChildFds(ctl=ctl_child.fileno(), report_w=rep_w, stdin_r=in_r, stdout_w=out_w, stderr_w=err_w)
+        sfilter = seccomp.build_in_parent(plan.seccomp, plan.seccomp_add, plan.seccomp_remove)
         sys.stdout.flush()
         sys.stderr.flush()
         supervisor_pid = os.getpid()
@@ -154,7 +158,7 @@ class Run:
             for fd in (out_r, err_r, rep_r, in_w):
                 if fd is not None:
                     os.close(fd)
-            child.sandbox_in_child_a(plan, fds, supervisor_pid)  # never returns
+            child.sandbox_in_child_a(plan, fds, supervisor_pid, sfilter)  # never returns
         self.pid_a = pid
         ctl_child.close()
         for fd in (out_w, err_w, rep_w, in_r):
@@ -178,6 +182,8 @@ class Run:
                         pass
             if self.pidfd_b is not None:
                 os.close(self.pidfd_b)
+            if self.listener is not None:
+                os.close(self.listener)
 
     # ------------------------------------------------------------------ setup
     def _read_ctl(self, ctl: socket.socket, rep_r: int) -> dict[str, Any] | None:
@@ -249,7 +255,7 @@ class Run:
         hard_kill_at: float | None = None
         drain_deadline: float | None = None
         timeout_s = plan.limits.timeout_ms / 1000
-        setup_deadline = time.monotonic() + SETUP_TIMEOUT_S + timeout_s
+        setup_deadline = time.monotonic() + SETUP_TIMEOUT_S
 
         while True:
             now = time.monotonic()
@@ -286,11 +292,19 @@ class Run:
                         self.exec_at = time.monotonic()
                         if self.on_event is not None:
                             self.on_event({"event": "started", "execution_id": plan.execution_id})
+                elif fd == self.listener:
+                    self._on_seccomp_notification(sel)
                 elif fd == ctl.fileno():
                     try:
-                        chunk = ctl.recv(1 << 20)
+                        chunk, passed, _, _ = socket.recv_fds(ctl, 1 << 20, 1)
                     except BlockingIOError:
                         continue
+                    for extra in passed:  # only C sends one: its seccomp listener
+                        if self.listener is None:
+                            self.listener = extra
+                            sel.register(extra, selectors.EVENT_READ)
+                        else:
+                            os.close(extra)
                     if not chunk:
                         ctl_eof = True
                         sel.unregister(ctl)
@@ -318,7 +332,8 @@ class Run:
             if self.setup_error is not None and report_eof and self.stop_reason is None:
                 self._stop("setup")
             if self.stop_reason is None and now >= deadline:
-                self.limits_hit.append("wall_time")
+                if self.exec_at is not None:
+                    self.limits_hit.append("wall_time")
                 self._stop("wall_time" if self.exec_at is not None else "setup_time")
             if self.cgroup is not None and self.stop_reason is None and self.exec_at is not None:
                 cpu_limit = plan.limits.cpu_time_ms
@@ -350,6 +365,28 @@ class Run:
             details = dict(msg.get("details") or {})
             err = cls(msg.get("message", "setup failed"), **details)
             self.setup_error = err
+
+    def _on_seccomp_notification(self, sel: selectors.BaseSelector) -> None:
+        """A denied call is waiting in the kernel for our answer (seccomp_unotify(2))."""
+        assert self.listener is not None
+        poller = select.poll()
+        poller.register(self.listener, select.POLLIN)
+        revents = dict(poller.poll(0)).get(self.listener, 0)
+        if not revents & select.POLLIN:  # POLLHUP: no task uses the filter any more
+            sel.unregister(self.listener)
+            return
+        violation = seccomp.receive_from_parent(self.listener)  # answers EPERM
+        if violation is None:
+            return
+        self.violations.append(violation)
+        if "seccomp" not in self.limits_hit:
+            self.limits_hit.append("seccomp")
+        if self.plan.seccomp_action == "kill":
+            try:
+                os.kill(violation.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._stop("seccomp")
 
     def _stop(self, reason: str) -> None:
         """Ask B to kill every process and report (it still collects files)."""
@@ -404,13 +441,22 @@ class Run:
         elapsed_ms = int(((self.ended_at or time.monotonic()) - (self.exec_at or self.t0)) * 1000)
         if self.setup_error is not None:
             return "error", self.setup_error, None, None
-        if self.stop_reason in ("wall_time", "setup_time"):
+        if self.stop_reason == "setup_time":
+            return "error", InternalError(f"the sandbox's setup did not finish within {SETUP_TIMEOUT_S:.0f} s",
+                                          stage="setup"), None, None
+        if self.stop_reason == "wall_time":
             return "timeout", WallTimeout(f"the command ran past its {timeout_ms} ms timeout",
                                           timeout_ms=timeout_ms, elapsed_ms=elapsed_ms), None, None
         if self.stop_reason == "cpu_time":
             limit = self.plan.limits.cpu_time_ms
             return "timeout", CpuTimeout(f"the sandbox used more than {limit} ms of CPU time",
                                          cpu_time_ms=limit), None, None
+        if self.stop_reason == "seccomp" and self.violations:
+            first = self.violations[0]
+            return "killed", SeccompKill(
+                f"the command called {first.syscall}, which the {self.plan.seccomp!r} seccomp policy forbids; "
+                "the sandbox was stopped", syscall=first.syscall, syscall_nr=first.nr, signum=int(signal.SIGSYS),
+            ), None, "SIGSYS"
         if self.stop_reason == "output":
             cap = self.plan.limits.max_output_bytes
             return "killed", OutputLimit(f"output passed max_output_bytes ({cap}) and the command was stopped",
@@ -440,10 +486,12 @@ class Run:
             return "killed", FileSizeLimit(f"the command wrote past max_file_bytes ({self.plan.limits.max_file_bytes})",
                                            max_file_bytes=self.plan.limits.max_file_bytes, signum=signum), None, name
         if signum == signal.SIGSYS and self.ready and self.ready.get("seccomp", "off") != "off":
+            # Only the filter's bad-architecture action kills by itself; every other denial
+            # comes through the listener and is named there.
             self.limits_hit.append("seccomp")
-            return "killed", SeccompKill("the command made a system call its seccomp policy forbids",
-                                         signum=signum, syscall=None,
-                                         syscall_unknown="the kernel's audit record is not readable here"), None, name
+            return "killed", SeccompKill("the command made a system call of a non-native ABI (i386 int 0x80 or "
+                                         "x32), which the filter kills outright", signum=signum, syscall=None,
+                                         syscall_unknown="non-native ABI: the kernel kills before any report"), None, name
         return "killed", CommandSignaled(f"the command died of {name}", signal=name, signum=signum), None, name
 
     def _isolation(self) -> dict[str, Any] | None:
@@ -468,6 +516,12 @@ class Run:
 
     def _respond(self, stats: cgroups.Stats | None) -> ExecutionResponse:
         status, error, exit_code, signame = self._classify(stats)
+        if self.violations:
+            counts: dict[str, int] = {}
+            for v in self.violations:
+                counts[v.syscall] = counts.get(v.syscall, 0) + 1
+            denied = ", ".join(f"{name} (x{n})" for name, n in counts.items())
+            self.warnings.append(f"seccomp denied: {denied}")
         if stats is not None and stats.pids_limit_hit and "pids" not in self.limits_hit:
             self.limits_hit.append("pids")
         if stats is not None and stats.oom_kills and "memory" not in self.limits_hit:
