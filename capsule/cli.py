@@ -136,7 +136,7 @@ def check(ctx: click.Context, clean: bool) -> None:
     doc = host.report(ctx.obj["config"])
     if clean:
         doc["cleaned"] = cgroups.clean_leftovers()
-    _emit(doc, True)
+    _emit(doc, ctx.obj["pretty"])
 
 
 @main.group()
@@ -167,7 +167,8 @@ def sessions_rm(ctx: click.Context, name: str) -> None:
 def run() -> None:
     """Entry point: every failure, CLI misuse included, still prints one JSON document."""
     try:
-        main.main(standalone_mode=False)
+        code = main.main(standalone_mode=False)  # returns ctx.exit()'s status
+        sys.exit(code if isinstance(code, int) else 0)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.UsageError as exc:
