@@ -113,15 +113,14 @@ def report(config: str | None = None) -> dict[str, Any]:
         fixes.append(NamespaceError.hint)
     if cg.version == "none":
         fixes.append(cg.fix or "run as root, or get a delegated cgroup v2 subtree")
-    pivot_ok = False
+    # pivot_root and the rest of the setup are probed the only honest way: one real sandbox.
+    probe: dict[str, Any] = {"ok": False}
     if userns_ok:
-        def try_pivot() -> None:
-            _libc.unshare(_libc.CLONE_NEWUSER | _libc.CLONE_NEWNS)
-            _libc.mount(None, "/", None, _libc.MS_REC | _libc.MS_PRIVATE)
-            _libc.mount("tmpfs", "/tmp", "tmpfs", 0, "size=64k")
-            os.mkdir("/tmp/old")
-            _libc.pivot_root("/tmp", "/tmp/old")
-        pivot_ok, _ = _try_in_child(try_pivot)
+        from .api import execute
+
+        resp = execute({"command": ["true"], "timeout_ms": 10_000}, config=config).to_dict()
+        probe = {"ok": resp["status"] == "success" and (resp.get("isolation") or {}).get("root") == "pivot_root",
+                 "error": resp.get("error")}
     profiles: dict[str, Any] = {}
     for name in list_profiles(config):
         try:
@@ -134,7 +133,8 @@ def report(config: str | None = None) -> dict[str, Any]:
         "root": os.geteuid() == 0,
         "kernel": os.uname().release,
         "user_namespaces": {"ok": userns_ok, "error": userns_why or None},
-        "pivot_root": pivot_ok,
+        "pivot_root": probe["ok"],
+        "sandbox_probe": probe,
         "seccomp": seccomp_available(),
         "cgroup": cg.as_dict(),
         "state_dir": state.state_dir(),
