@@ -183,6 +183,27 @@ def collect_files_in_child(plan: Plan) -> list[dict[str, Any]]:
     return files
 
 
+def file_size_reached_in_child(plan: Plan, max_entries: int = 20000) -> bool:
+    """Did a write reach RLIMIT_FSIZE? A process that ignores SIGXFSZ (Python does) survives
+    with EFBIG, leaving a file of exactly the limit's size: look for one where it can write."""
+    limit = plan.limits.max_file_bytes
+    if limit is None:
+        return False
+    seen = 0
+    for top in dict.fromkeys((plan.cwd, "/tmp")):
+        for dirpath, _dirs, filenames in os.walk(top, followlinks=False):
+            for name in filenames:
+                seen += 1
+                if seen > max_entries:
+                    return False
+                try:
+                    if os.lstat(os.path.join(dirpath, name)).st_size >= limit:
+                        return True
+                except OSError:
+                    pass
+    return False
+
+
 def init_in_child_b(plan: Plan, fds: ChildFds, sfilter: seccomp.BuiltFilter | None) -> None:
     """Child B, PID 1 of the sandbox: build the world, start C, reap everything, report."""
     try:
@@ -232,7 +253,8 @@ def init_in_child_b(plan: Plan, fds: ChildFds, sfilter: seccomp.BuiltFilter | No
                 # The sandbox lives exactly as long as its command: kill what it left behind.
                 stop_all(0, None)
         files = collect_files_in_child(plan)
-        _send(fds.ctl, {"event": "exit", "wait_status": wait_status, "files": files})
+        _send(fds.ctl, {"event": "exit", "wait_status": wait_status, "files": files,
+                        "file_size_hit": file_size_reached_in_child(plan)})
         os._exit(0)
     except BaseException as exc:  # noqa: BLE001
         _report_error(fds, exc)

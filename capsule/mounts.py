@@ -84,6 +84,8 @@ def _apply(m: Mount, plan: Plan) -> None:
         if os.path.exists(target):
             _libc.mount(target, target, None, _libc.MS_BIND | _libc.MS_REC)
             _remount(target, readonly=True, nodev=True)
+    elif m.kind == "remount-ro":
+        _remount(target, readonly=True, nodev=m.nodev)
     elif m.kind == "mask":
         if os.path.isdir(target):
             _libc.mount("tmpfs", target, "tmpfs", _libc.MS_RDONLY | _libc.MS_NOSUID | _libc.MS_NODEV, "size=0,mode=0555")

@@ -47,7 +47,7 @@ PROC_READONLY = ("sys",)
 class Mount:
     """One step of building the root, in order. `target` is the path inside the sandbox."""
 
-    kind: str  # bind | tmpfs | proc | dir | symlink | file | mask | ro-self
+    kind: str  # bind | tmpfs | proc | dir | symlink | file | mask | ro-self | remount-ro
     target: str
     source: str | None = None  # bind: host path; symlink: link text
     readonly: bool = True
@@ -165,6 +165,8 @@ def _system_mounts(hostname: str, uid: int, gid: int, share_network: bool) -> li
                for n in DEV_NODES if os.path.exists(f"/dev/{n}")]
     mounts += [Mount("symlink", f"/dev/{name}", source=text) for name, text in DEV_LINKS.items()]
     mounts.append(Mount("tmpfs", "/dev/shm", readonly=False, options="size=16777216,mode=1777"))
+    # Rootless, the tmpfs belongs to the sandbox user: only read-only keeps it from adding nodes.
+    mounts.append(Mount("remount-ro", "/dev", nodev=False))
     mounts.append(Mount("proc", "/proc"))
     mounts += [Mount("mask", f"/proc/{name}") for name in PROC_MASKED_FILES + PROC_MASKED_DIRS]
     mounts += [Mount("ro-self", f"/proc/{name}") for name in PROC_READONLY]

@@ -516,6 +516,8 @@ class Run:
 
     def _respond(self, stats: cgroups.Stats | None) -> ExecutionResponse:
         status, error, exit_code, signame = self._classify(stats)
+        if (self.exit_report or {}).get("file_size_hit") and "file_size" not in self.limits_hit:
+            self.limits_hit.append("file_size")
         if self.violations:
             counts: dict[str, int] = {}
             for v in self.violations:
