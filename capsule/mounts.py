@@ -91,6 +91,7 @@ def _apply(m: Mount, plan: Plan) -> None:
             _libc.mount("tmpfs", target, "tmpfs", _libc.MS_RDONLY | _libc.MS_NOSUID | _libc.MS_NODEV, "size=0,mode=0555")
         elif os.path.exists(target):
             _libc.mount(OLD + "/dev/null", target, None, _libc.MS_BIND)
+            _remount(target, readonly=True, nodev=True)
     else:  # pragma: no cover - the plan only makes the kinds above
         raise ValueError(f"unknown mount kind {m.kind!r}")
 
