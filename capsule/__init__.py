@@ -8,5 +8,5 @@
 from .api import execute
 from .models import ExecutionRequest, ExecutionResponse
 
-__all__ = ["execute", "ExecutionRequest", "ExecutionResponse"]
+__all__ = ["ExecutionRequest", "ExecutionResponse", "execute"]
 __version__ = "0.1.0"

@@ -71,7 +71,7 @@ def execute(
         return Run(plan, started=started, t0=t0, on_event=on_event, warnings=warnings).execute()
     except CapsuleError as exc:
         return _error_response(execution_id, started, exc)
-    except Exception as exc:  # noqa: BLE001 - a bug still answers with one JSON document
+    except Exception as exc:
         where = traceback.extract_tb(exc.__traceback__)[-1]
         log.error("internal error:\n%s", traceback.format_exc())
         return _error_response(execution_id, started, InternalError(

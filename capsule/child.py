@@ -116,7 +116,7 @@ def sandbox_in_child_a(plan: Plan, fds: ChildFds, supervisor_pid: int, sfilter: 
                 os.close(fd)
         _, status = os.waitpid(pid_b, 0)
         code = os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
-    except BaseException as exc:  # noqa: BLE001 - everything is reported, nothing escapes
+    except BaseException as exc:
         _report_error(fds, exc)
     finally:
         os._exit(code & 0xFF)
@@ -256,7 +256,7 @@ def init_in_child_b(plan: Plan, fds: ChildFds, sfilter: seccomp.BuiltFilter | No
         _send(fds.ctl, {"event": "exit", "wait_status": wait_status, "files": files,
                         "file_size_hit": file_size_reached_in_child(plan)})
         os._exit(0)
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:
         _report_error(fds, exc)
         os._exit(1)
 
@@ -295,7 +295,7 @@ def _exec_in_child(plan: Plan, fds: ChildFds) -> None:
     try:
         os.execvpe(plan.argv[0], list(plan.argv), plan.env)
     except OSError as exc:
-        import errno as _errno  # noqa: PLC0415 - stdlib, already loaded by os
+        import errno as _errno
 
         not_found = exc.errno in (_errno.ENOENT, _errno.ENOTDIR)
         raise CommandNotStarted(
@@ -340,6 +340,6 @@ def workload_in_child_c(plan: Plan, fds: ChildFds, sfilter: seccomp.BuiltFilter 
         security.verify_dropped(facts)
         _send(fds.report_w, {"event": "ready", "status": facts, "seccomp": policy})
         _exec_in_child(plan, fds)
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:
         _report_error(fds, exc)
     os._exit(127)

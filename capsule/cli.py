@@ -99,7 +99,7 @@ def profiles(ctx: click.Context) -> None:
         from . import profiles as prof
 
         names = prof.list_profiles(ctx.obj["config"])
-        rows = []
+        rows: list[dict[str, Any]] = []
         for name in names:
             try:
                 p = prof.load_profile(name, ctx.obj["config"])
@@ -178,7 +178,7 @@ def run() -> None:
         sys.exit(130)
     except SystemExit:
         raise
-    except BaseException as exc:  # noqa: BLE001
+    except BaseException as exc:
         log.exception("internal error")
         _emit(_error_doc(InternalError(f"{type(exc).__name__}: {exc}", where="cli")).to_dict())
         sys.exit(125)

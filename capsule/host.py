@@ -29,7 +29,7 @@ def _try_in_child(fn: Any) -> tuple[bool, str]:
         except OSError as exc:
             os.write(w, str(exc).encode()[:500])
             os._exit(1)
-        except BaseException:  # noqa: BLE001
+        except BaseException:
             os._exit(2)
     os.close(w)
     message = b""
@@ -127,7 +127,7 @@ def report(config: str | None = None) -> dict[str, Any]:
             prof = load_profile(name, config)
             warnings = check_layers(prof)
             profiles[name] = {"runs": True, "warnings": warnings}
-        except Exception as exc:  # noqa: BLE001 - report, don't stop
+        except Exception as exc:
             profiles[name] = {"runs": False, "error": str(exc), "hint": getattr(exc, "hint", "")}
     return {
         "root": os.geteuid() == 0,

@@ -152,7 +152,7 @@ def _line_of(file: str, key: str) -> int | None:
 
 
 def _config_error(file: str, key: str, message: str) -> InvalidConfig:
-    return InvalidConfig(f"{file}: {key}: {message}", file=file, line=_line_of(file, key.split(".")[-1]), key=key)
+    return InvalidConfig(f"{file}: {key}: {message}", file=file, line=_line_of(file, key.rsplit(".", maxsplit=1)[-1]), key=key)
 
 
 _POLICY_TYPES: dict[str, type | tuple[type, ...]] = {
@@ -224,9 +224,10 @@ def _build(name: str, config: str | None, seen: tuple[str, ...] = ()) -> Profile
     check_profile_syscalls(lists.get("seccomp_add", base.seccomp_add), lists.get("seccomp_remove", base.seccomp_remove),
                            bool(policy.get("network", base.network)), file)
     scalars = {k: v for k, v in policy.items() if k not in lists}
+    changes: dict[str, Any] = {**scalars, **lists}
     return replace(
         base, name=name, source=file, description=str(raw.get("description", base.description)),
-        defaults=defaults, ceilings=ceilings, environment={**base.environment, **env}, **scalars, **lists,
+        defaults=defaults, ceilings=ceilings, environment={**base.environment, **env}, **changes,
     )
 
 
@@ -294,10 +295,10 @@ def check_policy(req: ExecutionRequest, profile: Profile) -> None:
         raise deny("stdin", f"{len(req.stdin)} bytes is above max_stdin_bytes", limit=profile.max_stdin_bytes)
     writable = [(f"isolation.writable_paths[{i}]", p) for i, p in enumerate(iso.writable_paths)]
     writable += [(f"isolation.bind_mounts[{i}].source", b.source) for i, b in enumerate(iso.bind_mounts) if not b.readonly]
-    for field, path in writable:
+    for name, path in writable:
         real = os.path.realpath(path)
         if not any(real == p or real.startswith(p.rstrip("/") + "/") for p in profile.writable_paths):
-            raise deny(field, f"{path!r} may not be bound writable", limit=list(profile.writable_paths))
+            raise deny(name, f"{path!r} may not be bound writable", limit=list(profile.writable_paths))
     if not profile.readonly_binds:
         readonly = [(f"isolation.readonly_paths[{i}]", p) for i, p in enumerate(iso.readonly_paths)]
         readonly += [(f"isolation.bind_mounts[{i}].source", b.source) for i, b in enumerate(iso.bind_mounts) if b.readonly]

@@ -313,7 +313,7 @@ def receive_from_parent(listener: int) -> Violation | None:
     nid, pid, _flags, nr, arch, *_ = _NOTIF.unpack(buf)
     try:
         name = _pyseccomp().resolve_syscall(arch, nr).decode()
-    except Exception:  # noqa: BLE001 - a number we cannot name is still reported
+    except Exception:
         name = f"syscall {nr}"
     _respond(listener, nid, -errno.EPERM)
     return Violation(pid=pid, syscall=name, nr=nr)

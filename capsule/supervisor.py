@@ -35,6 +35,7 @@ from typing import Any
 
 from . import cgroups, child, seccomp, state
 from .errors import (
+    BY_CODE,
     CapsuleError,
     CommandSignaled,
     CpuTimeout,
@@ -46,7 +47,6 @@ from .errors import (
     OutputLimit,
     SeccompKill,
     WallTimeout,
-    BY_CODE,
 )
 from .models import ExecutionResponse
 from .plan import Plan
@@ -170,7 +170,7 @@ class Run:
             self._loop(ctl, out_r, err_r, rep_r, in_w)
         finally:
             self._kill_hard()
-            _, status, usage = os.wait4(self.pid_a, 0)
+            _, _status, usage = os.wait4(self.pid_a, 0)
             self.rusage = usage
             self.ended_at = self.ended_at or time.monotonic()
             ctl.close()

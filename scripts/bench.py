@@ -21,14 +21,14 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import capsule  # noqa: E402
-from capsule import seccomp  # noqa: E402
+import capsule
+from capsule import seccomp
 
 REQ = json.dumps({"command": ["true"]}).encode()
 CLI = [os.path.join(os.path.dirname(sys.executable), "capsule-run")]
 
 
-def timed(fn, runs: int) -> list[float]:  # noqa: ANN001
+def timed(fn, runs: int) -> list[float]:
     out = []
     for _ in range(runs):
         t = time.perf_counter()

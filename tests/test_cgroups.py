@@ -9,11 +9,11 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, cgroup_version, run
 
 from capsule import cgroups, profiles, validation
 from capsule.cgroups import v2
 from capsule.plan import build_plan
-from conftest import ROOT, cgroup_version, run
 
 # ------------------------------------------------------------------ v2 against a fake tree
 
@@ -26,7 +26,7 @@ def _fake_v2(tmp_path: Path) -> Path:
     return root
 
 
-def _plan(**resources):  # noqa: ANN003, ANN202
+def _plan(**resources):
     req = validation.validate({"command": ["true"], "resources": resources})
     prof = profiles.load_profile("default")
     return build_plan(req, prof, profiles.effective_limits(req, prof))
@@ -54,7 +54,7 @@ def test_v2_writes_every_limit_before_anything_runs(tmp_path: Path, monkeypatch:
     root = _fake_v2(tmp_path)
     real_mkdir = os.mkdir
 
-    def mkdir(path, mode=0o777):  # noqa: ANN001, ANN202
+    def mkdir(path, mode=0o777):
         real_mkdir(path, mode)
         FakeDir.populate(Path(path))
 

@@ -8,7 +8,7 @@ from capsule import plan as planmod
 from capsule import profiles, validation
 
 
-def make(euid: int = 0, profile: str = "default", cgroup: bool = True, **fields):  # noqa: ANN001, ANN201
+def make(euid: int = 0, profile: str = "default", cgroup: bool = True, **fields):
     req = validation.validate({"command": ["true"], **fields})
     prof = profiles.load_profile(profile)
     return planmod.build_plan(req, prof, profiles.effective_limits(req, prof), euid=euid, egid=euid,
@@ -43,7 +43,7 @@ def test_network_flag() -> None:
     assert make().unshare_flags & _libc.CLONE_NEWNET
 
 
-def test_environment_is_built_from_nothing(monkeypatch) -> None:  # noqa: ANN001
+def test_environment_is_built_from_nothing(monkeypatch) -> None:
     monkeypatch.setenv("SECRET_TOKEN", "x")
     env = make(environment={"A": "1"}).env
     assert "SECRET_TOKEN" not in env and env["A"] == "1" and env["PATH"] == planmod.SANDBOX_PATH

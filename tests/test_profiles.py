@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import cli
 
 from capsule import profiles, validation
 from capsule.errors import CapsuleError
-from conftest import cli
 
 
-def req(**fields):  # noqa: ANN001, ANN201
+def req(**fields):
     return validation.validate({"command": ["true"], **fields})
 
 

@@ -13,7 +13,6 @@ import time
 import uuid
 
 import pytest
-
 from conftest import ROOT, cli, run, sh
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.usefixtures("sandbox")]
@@ -190,14 +189,14 @@ def test_files_in_and_collect_out() -> None:
     assert base64.b64decode(files["out/deep/r.csv"]["content_base64"]) == b"r\n"
 
 
-def test_collect_respects_the_byte_budget(tmp_path) -> None:  # noqa: ANN001
+def test_collect_respects_the_byte_budget(tmp_path) -> None:
     (tmp_path / "small.toml").write_text('extends = "default"\n[policy]\nmax_collect_bytes = 10\n')
     doc = run({"command": ["sh", "-c", "head -c 100 /dev/zero > a.bin"], "collect": ["*.bin"]}, profile="small", config=str(tmp_path))
     assert doc["files"][0]["size"] == 100 and doc["files"][0]["truncated"] is True
     assert len(base64.b64decode(doc["files"][0]["content_base64"])) == 10
 
 
-def test_readonly_bind_and_writable_bind(tmp_path) -> None:  # noqa: ANN001
+def test_readonly_bind_and_writable_bind(tmp_path) -> None:
     data = tmp_path / "data"
     data.mkdir()
     (data / "in.txt").write_text("input")
@@ -230,7 +229,7 @@ def test_cli_end_to_end_and_exit_status() -> None:
     assert status == 124 and docs[0]["status"] == "timeout"
 
 
-def test_pretty_and_request_file(tmp_path) -> None:  # noqa: ANN001
+def test_pretty_and_request_file(tmp_path) -> None:
     path = tmp_path / "req.json"
     path.write_text(json.dumps({"command": ["echo", "x"]}))
     import subprocess

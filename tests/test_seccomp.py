@@ -9,9 +9,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, cgroup_version, run
 
 from capsule import seccomp
-from conftest import ROOT, cgroup_version, run
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.usefixtures("sandbox")]
 
@@ -182,7 +182,8 @@ def test_python_threads_and_subprocess_run_under_default() -> None:
     script = ("import threading, subprocess\nout = []\n"
               "ts = [threading.Thread(target=out.append, args=(i,)) for i in range(8)]\n"
               "[t.start() for t in ts]; [t.join() for t in ts]\n"
-              "print(sorted(out) == list(range(8)), subprocess.run(['sh', '-c', 'echo sub'], capture_output=True, text=True).stdout.strip())\n"
+              "sub = subprocess.run(['sh', '-c', 'echo sub'], capture_output=True, text=True).stdout.strip()\n"
+              "print(sorted(out) == list(range(8)), sub)\n"
               "import ctypes; print(ctypes.CDLL(None).getpid() > 0)\n")
     doc = run({"command": ["python3", "-c", script]})
     assert doc["status"] == "success" and doc["stdout"] == "True sub\nTrue\n", doc

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import cli
 
 from capsule import validation
 from capsule.errors import CapsuleError
-from conftest import cli
 
 MALFORMED: list[tuple[str, bytes, str, str | None]] = [
     ("empty stdin", b"", "E1001", None),
@@ -115,7 +115,7 @@ def test_checks_run_in_protocol_order() -> None:
     assert exc.value.code == "E1002"
 
 
-def test_symlink_to_secret_is_refused(tmp_path) -> None:  # noqa: ANN001
+def test_symlink_to_secret_is_refused(tmp_path) -> None:
     link = tmp_path / "innocent"
     link.symlink_to("/etc/shadow")
     with pytest.raises(CapsuleError) as exc:

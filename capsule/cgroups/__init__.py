@@ -143,7 +143,7 @@ def detect() -> Detected:
             if base:
                 return Detected("v2", controllers, base=base)
             return Detected("none", controllers, fix=fix)
-    roots = {}
+    roots: dict[str, str] = {}
     for mnt, fstype, opts in mounts:
         if fstype == "cgroup":
             for name in ("memory", "pids", "cpu", "cpuacct", "freezer", "blkio"):

@@ -17,8 +17,8 @@ from cgroupspy.controllers import Controller, CpuAcctController, CpuController, 
 from cgroupspy.interfaces import BaseFileInterface, DictFile, IntegerFile, MultiLineIntegerFile
 from cgroupspy.nodes import Node
 
-from . import CgroupRun, Detected, Stats, owner_alive, rmdir_retry, run_name
 from ..plan import Plan
+from . import CgroupRun, Detected, Stats, owner_alive, rmdir_retry, run_name
 
 PERIOD_US = 100_000
 USER_HZ = os.sysconf("SC_CLK_TCK")
@@ -72,7 +72,7 @@ class V1Run(CgroupRun):
     def create(cls, found: Detected, plan: Plan) -> V1Run:
         clean_leftovers(found)
         name = run_name()
-        paths = {}
+        paths: dict[str, str] = {}
         run = cls({})
         try:
             for ctrl in ("memory", "pids", "cpu", "cpuacct", "freezer"):
@@ -87,14 +87,14 @@ class V1Run(CgroupRun):
             run = cls(paths)
             lim = plan.limits
             mem = run.ctl["memory"]
-            mem.limit_in_bytes = lim.memory_bytes  # type: ignore[attr-defined]
+            mem.limit_in_bytes = lim.memory_bytes
             if os.path.exists(mem.filepath(b"memory.memsw.limit_in_bytes")):
-                mem.memsw_limit_in_bytes = lim.memory_bytes  # type: ignore[attr-defined]
-            run.ctl["pids"].max = lim.max_pids  # type: ignore[attr-defined]
+                mem.memsw_limit_in_bytes = lim.memory_bytes
+            run.ctl["pids"].max = lim.max_pids
             cpu = run.ctl["cpu"]
-            cpu.cfs_period_us = PERIOD_US  # type: ignore[attr-defined]
-            cpu.cfs_quota_us = -1 if lim.cpu_quota is None else max(1000, int(lim.cpu_quota * PERIOD_US))  # type: ignore[attr-defined]
-            cpu.shares = max(2, lim.cpu_shares)  # type: ignore[attr-defined]
+            cpu.cfs_period_us = PERIOD_US
+            cpu.cfs_quota_us = -1 if lim.cpu_quota is None else max(1000, int(lim.cpu_quota * PERIOD_US))
+            cpu.shares = max(2, lim.cpu_shares)
         except OSError:
             run.remove()
             raise

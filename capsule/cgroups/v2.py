@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Sequence
 
-from . import CgroupRun, Detected, Stats, owner_alive, rmdir_retry, run_name
 from ..plan import Plan
+from . import CgroupRun, Detected, Stats, owner_alive, rmdir_retry, run_name
 
 PERIOD_US = 100_000
 
@@ -50,7 +51,7 @@ def cpu_weight(shares: int) -> int:
     return max(1, min(10000, round(shares * 100 / 1024)))
 
 
-def _enable_controllers(parent: str, wanted: list[str]) -> None:
+def _enable_controllers(parent: str, wanted: Sequence[str]) -> None:
     available = set(_read(os.path.join(parent, "cgroup.controllers")).split())
     enabled = set(_read(os.path.join(parent, "cgroup.subtree_control")).split())
     missing = [c for c in wanted if c in available and c not in enabled]
@@ -136,7 +137,7 @@ class V2Run(CgroupRun):
 
 
 def _clean(base: str) -> list[str]:
-    removed = []
+    removed: list[str] = []
     try:
         entries = os.listdir(base)
     except OSError:
