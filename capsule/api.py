@@ -9,15 +9,13 @@ import traceback
 from typing import Any
 
 from .errors import CapsuleError, InternalError
-from .models import ExecutionRequest, ExecutionResponse
+from .models import ExecutionRequest, ExecutionResponse, utc_now
 from .validation import request_id
 
 log = logging.getLogger("capsule")
 
 
 def _error_response(execution_id: str, started: str, exc: CapsuleError) -> ExecutionResponse:
-    from .supervisor import utc_now
-
     return ExecutionResponse(
         execution_id=execution_id, status=exc.status if exc.code.startswith(("E3", "E4", "E5")) else "error",
         timestamps={"started": started, "completed": utc_now()}, error=exc.to_dict(),
@@ -39,7 +37,6 @@ def execute(
     """
     from . import profiles, validation
     from .plan import build_plan
-    from .supervisor import Run, utc_now
 
     t0 = time.monotonic()
     started = utc_now()
@@ -68,6 +65,8 @@ def execute(
 
         plan = build_plan(req, prof, limits, session_dir=session_dir,
                           cgroup_available=cgroups.detect().version != "none")
+        from .supervisor import Run
+
         return Run(plan, started=started, t0=t0, on_event=on_event, warnings=warnings).execute()
     except CapsuleError as exc:
         return _error_response(execution_id, started, exc)

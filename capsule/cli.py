@@ -30,7 +30,7 @@ def _emit(obj: Any, pretty: bool = False) -> None:
 
 
 def _error_doc(exc: CapsuleError) -> ExecutionResponse:
-    from .supervisor import utc_now
+    from .models import utc_now
     from .validation import request_id
 
     now = utc_now()

@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
+
+
+def utc_now() -> str:
+    """RFC 3339 UTC with milliseconds, for `timestamps`."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass(frozen=True)

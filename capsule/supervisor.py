@@ -30,7 +30,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any
 
 from . import cgroups, child, seccomp, state
@@ -48,7 +47,7 @@ from .errors import (
     SeccompKill,
     WallTimeout,
 )
-from .models import ExecutionResponse
+from .models import ExecutionResponse, utc_now
 from .plan import Plan
 
 EventSink = Callable[[dict[str, Any]], None]
@@ -56,10 +55,6 @@ EventSink = Callable[[dict[str, Any]], None]
 SETUP_TIMEOUT_S = 15.0  # unshare, maps, mounts, files: far less in practice
 STOP_GRACE_S = 2.0  # from "stop" (SIGUSR1 to B) to SIGKILL
 POLL_S = 0.05  # how often the cgroup's CPU time and memory events are read while running
-
-
-def utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 @dataclass

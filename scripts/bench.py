@@ -25,7 +25,8 @@ import capsule
 from capsule import seccomp
 
 REQ = json.dumps({"command": ["true"]}).encode()
-CLI = [os.path.join(os.path.dirname(sys.executable), "capsule-run")]
+_script = os.path.join(os.path.dirname(sys.executable), "capsule-run")
+CLI = [_script] if os.path.exists(_script) else [sys.executable, "-m", "capsule"]
 
 
 def timed(fn, runs: int) -> list[float]:
