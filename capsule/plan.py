@@ -202,12 +202,13 @@ def build_plan(
         flags |= _libc.CLONE_NEWNET
 
     mounts = _system_mounts(iso.hostname, uid, gid, share_network)
-    tmpfs = limits.tmpfs_bytes
-    mounts.append(Mount("tmpfs", "/tmp", readonly=False, options=f"size={tmpfs},mode=1777"))
+    # nr_inodes bounds what a million empty files would cost: inodes take memory, not blocks.
+    tmpfs = f"size={limits.tmpfs_bytes},nr_inodes={max(1024, limits.tmpfs_bytes // 2048)}"
+    mounts.append(Mount("tmpfs", "/tmp", readonly=False, options=f"{tmpfs},mode=1777"))
     if session_dir is not None:
         mounts.append(Mount("bind", cwd, source=session_dir, readonly=False))
     elif not _under(cwd, "/tmp"):
-        mounts.append(Mount("tmpfs", cwd, readonly=False, options=f"size={tmpfs},mode=0755,uid={uid},gid={gid}"))
+        mounts.append(Mount("tmpfs", cwd, readonly=False, options=f"{tmpfs},mode=0755,uid={uid},gid={gid}"))
     else:
         mounts.append(Mount("dir", cwd, mode=0o755, owned=True))
 
