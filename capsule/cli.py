@@ -133,9 +133,10 @@ def check(ctx: click.Context, clean: bool) -> None:
     """Report what this host offers and which profiles can run here."""
     from . import cgroups, host
 
+    cleaned = cgroups.clean_leftovers() if clean else None  # before the report's own probe run
     doc = host.report(ctx.obj["config"])
-    if clean:
-        doc["cleaned"] = cgroups.clean_leftovers()
+    if cleaned is not None:
+        doc["cleaned"] = cleaned
     _emit(doc, ctx.obj["pretty"])
 
 

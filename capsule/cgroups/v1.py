@@ -66,7 +66,7 @@ class V1Run(CgroupRun):
 
     def __init__(self, paths: dict[str, str]) -> None:
         self.paths = paths  # controller -> this run's directory in that hierarchy
-        self.ctl = {name: _controller(name, path) for name, path in paths.items()}
+        self.ctl = {name: _controller(name, path) for name, path in paths.items() if name in CONTROLLER_TYPES}
 
     @classmethod
     def create(cls, found: Detected, plan: Plan) -> V1Run:
@@ -180,7 +180,7 @@ def clean_leftovers(found: Detected) -> list[str]:
         if first is None or owner_alive(name, first):
             continue
         paths = {c: os.path.join(r, "capsule", name) for c, r in found.v1_roots.items()
-                 if c in CONTROLLER_TYPES and os.path.isdir(os.path.join(r, "capsule", name))}
+                 if os.path.isdir(os.path.join(r, "capsule", name))}
         try:
             V1Run(paths).remove()
             removed.append(name)
