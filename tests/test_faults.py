@@ -32,12 +32,14 @@ def test_sigkill_of_capsule_run_takes_the_sandbox_down_and_is_cleaned() -> None:
     assert proc.stdin is not None
     proc.stdin.write(json.dumps({"command": ["sh", "-c", f"sleep {m} & sleep {m}"], "timeout_ms": 60000}).encode())
     proc.stdin.close()
-    deadline = time.monotonic() + 10
-    while len(_alive_with(m)) < 3 and time.monotonic() < deadline:  # sh and its two sleeps
-        time.sleep(0.02)
-    assert len(_alive_with(m)) == 3, "the sandbox never started"
-    proc.kill()
-    proc.wait()
+    try:
+        deadline = time.monotonic() + 20
+        while len(_alive_with(m)) < 3 and time.monotonic() < deadline:  # sh and its two sleeps
+            time.sleep(0.02)
+        assert len(_alive_with(m)) == 3, f"the sandbox never started: {_alive_with(m)}"
+    finally:
+        proc.kill()
+        proc.wait()
     gone_by = time.monotonic() + 1.0  # parent-death signals chain supervisor -> A -> B (PID 1)
     while _alive_with(m) and time.monotonic() < gone_by:
         time.sleep(0.02)
