@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import prctl
+
 from . import cgroups, child, seccomp, state
 from .errors import (
     BY_CODE,
@@ -103,6 +105,10 @@ class Run:
     # ------------------------------------------------------------------ lifecycle
     def execute(self) -> ExecutionResponse:
         lock_fd = self._lock_session() if self.plan.session else None
+        # Not dumpable while we hold the sandbox's pipes and listener: no same-uid process
+        # (a rootless sandbox's user is ours) may ptrace us or open our /proc fds (proc(5)).
+        was_dumpable = prctl.get_dumpable()
+        prctl.set_dumpable(False)
         try:
             self.cgroup = cgroups.create_for_run(self.plan, self.warnings)
             try:
@@ -113,6 +119,7 @@ class Run:
                     self.cgroup.remove()
             return self._respond(stats)
         finally:
+            prctl.set_dumpable(was_dumpable)
             if lock_fd is not None:
                 os.close(lock_fd)
 

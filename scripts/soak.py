@@ -25,8 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import capsule  # noqa: E402
-from capsule import cgroups  # noqa: E402
+import capsule
+from capsule import cgroups
 
 CLI = [sys.executable, "-m", "capsule"]
 KILL_PROFILE = 'extends = "default"\n[policy]\nseccomp_action = "kill"\n'

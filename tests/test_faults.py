@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-
-from capsule import cgroups
 from conftest import CLI, cgroup_version, cli, run
 from test_hostile import marker
 from test_sandbox import _alive_with
+
+from capsule import cgroups
 
 pytestmark = pytest.mark.usefixtures("sandbox")
 
@@ -72,6 +71,21 @@ def test_unusable_state_dir_is_e6001(monkeypatch: pytest.MonkeyPatch) -> None:
     assert doc["status"] == "error" and doc["error"]["code"] == "E6001" and doc["_exit"] == 125
     assert "Not a directory" in doc["error"]["message"]
     assert run({"command": ["true"]})["status"] == "success"  # no session: no state needed
+
+
+def test_full_state_dir_is_e6001(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tiny tmpfs as a full state directory")
+    full = tmp_path / "full"
+    full.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k,nr_inodes=1", "tmpfs", str(full)], check=True)
+    try:
+        monkeypatch.setenv("CAPSULE_STATE_DIR", str(full))
+        doc = run({"command": ["true"], "session": "s1"})
+        assert doc["status"] == "error" and doc["error"]["code"] == "E6001", doc
+        assert "No space left" in doc["error"]["message"]
+    finally:
+        subprocess.run(["umount", str(full)], check=True)
 
 
 def test_profile_that_vanishes_or_breaks_between_runs(tmp_path: Path) -> None:

@@ -7,7 +7,6 @@ import os
 import time
 
 import pytest
-
 from conftest import run, sh
 from test_sandbox import _alive_with, _children
 

@@ -138,6 +138,13 @@ def test_32bit_syscall_through_int80_is_killed(probes: Path) -> None:
     assert doc["error"]["details"].get("syscall") is None and "non-native" in doc["error"]["details"]["syscall_unknown"]
 
 
+def test_x32_abi_syscall_is_refused() -> None:
+    # getpid through the x32 ABI (__X32_SYSCALL_BIT | 39): libseccomp's x86-64 filter treats
+    # it as a foreign architecture and the kernel kills (SECCOMP_RET_KILL_PROCESS).
+    doc = run({"command": ["python3", "-c", SYSCALL, str(0x40000000 | 39)]})
+    assert doc["status"] == "killed" and doc["error"]["code"] == "E5001" and doc["signal"] == "SIGSYS", doc
+
+
 def test_setuid_root_binary_cannot_regain_root(probes: Path) -> None:
     if not ROOT:
         pytest.skip("needs root to make a setuid-root probe")

@@ -75,7 +75,7 @@ class V1Run(CgroupRun):
         paths: dict[str, str] = {}
         run = cls({})
         try:
-            for ctrl in ("memory", "pids", "cpu", "cpuacct", "freezer"):
+            for ctrl in ("memory", "pids", "cpu", "cpuacct", "freezer", "blkio"):
                 root = found.v1_roots.get(ctrl)
                 if root is None:
                     continue
@@ -101,8 +101,9 @@ class V1Run(CgroupRun):
         return run
 
     def add_pid(self, pid: int) -> None:
-        for ctl in self.ctl.values():
-            ctl.set_property(b"cgroup.procs", pid)
+        for path in dict.fromkeys(self.paths.values()):  # cpu and cpuacct may share a directory
+            with open(os.path.join(path, "cgroup.procs"), "w") as fh:
+                fh.write(str(pid))
 
     def cpu_time_ms(self) -> int:
         return int(self.ctl["cpuacct"].get_property(b"cpuacct.usage")) // 1_000_000
@@ -142,6 +143,17 @@ class V1Run(CgroupRun):
         ticks = {k: int(v) for k, v in (line.split() for line in acct.get_property(b"cpuacct.stat").splitlines())}
         oom = dict(line.split() for line in mem.get_property(b"memory.oom_control").splitlines())
         events = dict(line.split() for line in self.ctl["pids"].get_property(b"pids.events").splitlines())
+        io = {"Read": 0, "Write": 0}
+        blkio = self.paths.get("blkio")
+        if blkio is not None:  # "MAJ:MIN Read N" lines, throttle layer: counted for every device
+            try:
+                with open(os.path.join(blkio, "blkio.throttle.io_service_bytes_recursive")) as fh:
+                    for line in fh:
+                        parts = line.split()
+                        if len(parts) == 3 and parts[1] in io:
+                            io[parts[1]] += int(parts[2])
+            except OSError:
+                pass
         pids_peak = None
         if os.path.exists(self.ctl["pids"].filepath(b"pids.peak")):
             pids_peak = int(self.ctl["pids"].get_property(b"pids.peak"))
@@ -151,6 +163,7 @@ class V1Run(CgroupRun):
             user_time_ms=ticks.get("user", 0) * 1000 // USER_HZ,
             kernel_time_ms=ticks.get("system", 0) * 1000 // USER_HZ,
             max_memory_bytes=int(mem.get_property(b"memory.max_usage_in_bytes")),
+            io_bytes_read=io["Read"], io_bytes_written=io["Write"],
             pids_peak=pids_peak,
             oom_kills=int(oom.get("oom_kill", 0)),
             pids_limit_hit=int(events.get("max", 0)) > 0,
