@@ -103,7 +103,11 @@ class PrivilegeError(CapsuleError):
 
 class IdMapError(CapsuleError):
     code = "E2006"
-    hint = "writing /proc/PID/uid_map failed: check user.max_user_namespaces and AppArmor/SELinux policy"
+    hint = (
+        "writing /proc/PID/uid_map failed: on Ubuntu 23.10+ AppArmor withholds capabilities from unprivileged "
+        "user namespaces (`sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`, or an AppArmor profile "
+        "with `userns,` for capsule-run); elsewhere check user.max_user_namespaces and SELinux policy"
+    )
 
 
 class RlimitError(CapsuleError):
