@@ -103,9 +103,13 @@ def sandbox_in_child_a(plan: Plan, fds: ChildFds, supervisor_pid: int, sfilter: 
             unshare(plan.unshare_flags)
         except OSError as exc:
             raise NamespaceError(f"{exc.strerror} ({exc})", stage="unshare", errno=exc.errno) from None
+        # The supervisor is not dumpable, and we inherited that: our /proc files would belong
+        # to root, and an unprivileged supervisor could not write our id maps (proc(5)).
+        security.set_dumpable(True)
         _send(fds.ctl, {"event": "unshared"})
         if _read_line(fds.ctl) != "go":
             raise IdMapError("the supervisor could not write the id maps", stage="idmap")
+        security.set_dumpable(False)
         pid_b = os.fork()
         if pid_b == 0:
             init_in_child_b(plan, fds, sfilter)  # never returns
@@ -208,7 +212,7 @@ def init_in_child_b(plan: Plan, fds: ChildFds, sfilter: seccomp.BuiltFilter | No
     """Child B, PID 1 of the sandbox: build the world, start C, reap everything, report."""
     try:
         security.die_with_parent(os.getppid())
-        security.set_not_dumpable()
+        security.set_dumpable(False)
         sethostname(plan.hostname)
         if not plan.share_network:
             try:

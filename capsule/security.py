@@ -31,11 +31,11 @@ def die_with_parent(expected_parent: int) -> None:
         os._exit(1)
 
 
-def set_not_dumpable() -> None:
+def set_dumpable(flag: bool) -> None:
     """A non-dumpable process's /proc files belong to root and it cannot be ptraced
     (proc(5), PR_SET_DUMPABLE): the sandbox's init and the supervisor hold pipes and the host
     environment that the workload must not read."""
-    prctl.set_dumpable(False)
+    prctl.set_dumpable(flag)
 
 
 def drop_bounding_set_in_child() -> None:

@@ -13,9 +13,14 @@ import sys
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 import capsule
 from capsule import cgroups, host
+
+# No example database: the checkout may not be writable (the rootless run), and CI starts fresh.
+settings.register_profile("capsule", database=None)
+settings.load_profile("capsule")
 
 ROOT = os.geteuid() == 0
 STRICT = os.environ.get("CAPSULE_TEST_STRICT") == "1"
