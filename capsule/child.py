@@ -182,7 +182,8 @@ def collect_files_in_child(plan: Plan) -> list[dict[str, Any]]:
             budget -= len(data)
         finally:
             os.close(fd)
-        files.append({"path": rel, "size": st.st_size, "content_base64": base64.b64encode(data).decode(),
+        shown = rel.encode("utf-8", "surrogateescape").decode("utf-8", "replace")  # names need not be UTF-8
+        files.append({"path": shown, "size": st.st_size, "content_base64": base64.b64encode(data).decode(),
                       "truncated": len(data) < st.st_size})
     return files
 

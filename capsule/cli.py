@@ -25,7 +25,9 @@ def _dump(obj: Any, pretty: bool = False) -> str:
 
 
 def _emit(obj: Any, pretty: bool = False) -> None:
-    sys.stdout.write(_dump(obj, pretty) + "\n")
+    # Bytes, not text: the protocol is UTF-8 whatever the locale says; a lone surrogate (a
+    # file name that was not UTF-8) becomes U+FFFD rather than an exception.
+    sys.stdout.buffer.write((_dump(obj, pretty) + "\n").encode("utf-8", "replace"))
     sys.stdout.flush()
 
 

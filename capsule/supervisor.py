@@ -100,7 +100,8 @@ class Run:
         self.pidfd_b: int | None = None
         self.cgroup: cgroups.CgroupRun | None = None
         self.listener: int | None = None  # the seccomp user-notification fd, once C sends it
-        self.violations: list[seccomp.Violation] = []
+        self.violations: list[seccomp.Violation] = []  # the first few, for the error details
+        self.denied: dict[str, int] = {}  # every denied call, counted by name
 
     # ------------------------------------------------------------------ lifecycle
     def execute(self) -> ExecutionResponse:
@@ -277,6 +278,7 @@ class Run:
                         stream.eof = True
                         sel.unregister(fd)
                         continue
+                    self._mark_started()  # output means exec happened, even before we saw the report's EOF
                     if stream.feed(chunk) and "output" not in self.limits_hit:
                         self.limits_hit.append("output")
                         self._stop("output")
@@ -291,9 +293,7 @@ class Run:
                     report_eof = True
                     sel.unregister(fd)
                     if self.setup_error is None and self.ready is not None:
-                        self.exec_at = time.monotonic()
-                        if self.on_event is not None:
-                            self.on_event({"event": "started", "execution_id": plan.execution_id})
+                        self._mark_started()
                 elif fd == self.listener:
                     self._on_seccomp_notification(sel)
                 elif fd == ctl.fileno():
@@ -368,6 +368,12 @@ class Run:
             err = cls(msg.get("message", "setup failed"), **details)
             self.setup_error = err
 
+    def _mark_started(self) -> None:
+        if self.exec_at is None:
+            self.exec_at = time.monotonic()
+            if self.on_event is not None:
+                self.on_event({"event": "started", "execution_id": self.plan.execution_id})
+
     def _on_seccomp_notification(self, sel: selectors.BaseSelector) -> None:
         """A denied call is waiting in the kernel for our answer (seccomp_unotify(2))."""
         assert self.listener is not None
@@ -380,7 +386,9 @@ class Run:
         violation = seccomp.receive_from_parent(self.listener)  # answers EPERM
         if violation is None:
             return
-        self.violations.append(violation)
+        if len(self.violations) < 16:
+            self.violations.append(violation)
+        self.denied[violation.syscall] = self.denied.get(violation.syscall, 0) + 1
         if "seccomp" not in self.limits_hit:
             self.limits_hit.append("seccomp")
         if self.plan.seccomp_action == "kill":
@@ -520,11 +528,8 @@ class Run:
         status, error, exit_code, signame = self._classify(stats)
         if (self.exit_report or {}).get("file_size_hit") and "file_size" not in self.limits_hit:
             self.limits_hit.append("file_size")
-        if self.violations:
-            counts: dict[str, int] = {}
-            for v in self.violations:
-                counts[v.syscall] = counts.get(v.syscall, 0) + 1
-            denied = ", ".join(f"{name} (x{n})" for name, n in counts.items())
+        if self.denied:
+            denied = ", ".join(f"{name} (x{n})" for name, n in self.denied.items())
             self.warnings.append(f"seccomp denied: {denied}")
         if stats is not None and stats.pids_limit_hit and "pids" not in self.limits_hit:
             self.limits_hit.append("pids")

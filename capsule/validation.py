@@ -141,6 +141,10 @@ def _str(value: Any, field: str, *, max_len: int = 4096, allow_empty: bool = Fal
         raise _bad(field, f"is longer than {max_len} characters")
     if "\x00" in value:
         raise _bad(field, "contains a NUL byte")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _bad(field, "is not valid Unicode (a lone surrogate)") from None
     return value
 
 

@@ -189,6 +189,12 @@ def test_files_in_and_collect_out() -> None:
     assert base64.b64decode(files["out/deep/r.csv"]["content_base64"]) == b"r\n"
 
 
+def test_collected_name_that_is_not_utf8_still_gives_valid_json() -> None:
+    status, docs, _ = cli(json.dumps({"command": ["sh", "-c", "touch \"$(printf '\\377x.txt')\""],
+                                      "collect": ["*.txt"]}).encode())
+    assert status == 0 and docs[0]["files"][0]["path"] == "\ufffdx.txt"
+
+
 def test_collect_respects_the_byte_budget(tmp_path) -> None:
     (tmp_path / "small.toml").write_text('extends = "default"\n[policy]\nmax_collect_bytes = 10\n')
     doc = run({"command": ["sh", "-c", "head -c 100 /dev/zero > a.bin"], "collect": ["*.bin"]}, profile="small", config=str(tmp_path))

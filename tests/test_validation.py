@@ -29,6 +29,7 @@ MALFORMED: list[tuple[str, bytes, str, str | None]] = [
     ("empty argv item", b'{"command": ["ls", ""]}', "E1002", "command[1]"),
     ("NUL in argv", b'{"command": ["ls", "a\\u0000b"]}', "E1002", "command[1]"),
     ("argv item not string", b'{"command": ["ls", 3]}', "E1002", "command[1]"),
+    ("lone surrogate", b'{"command": ["ls", "\\ud800"]}', "E1002", "command[1]"),
     ("timeout zero", b'{"command": ["ls"], "timeout_ms": 0}', "E1002", "timeout_ms"),
     ("timeout too big", b'{"command": ["ls"], "timeout_ms": 600001}', "E1002", "timeout_ms"),
     ("timeout float", b'{"command": ["ls"], "timeout_ms": 1.5}', "E1002", "timeout_ms"),
