@@ -51,6 +51,19 @@ def _check(result: int, call: str) -> int:
     return result
 
 
+def write_control_file(path: str, text: str) -> None:
+    """One write(2) to a kernel control file (uid_map, cgroup.procs, memory.max, ...): such
+    files take a value per write, so no buffering, no truncation; errors carry the path."""
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    except OSError as exc:
+        exc.filename = path
+        raise
+    finally:
+        os.close(fd)
+
+
 def unshare(flags: int) -> None:
     _check(_libc.unshare(ctypes.c_int(flags)), f"unshare({flags:#x})")
 

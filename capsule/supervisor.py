@@ -34,7 +34,7 @@ from typing import Any
 
 import prctl
 
-from . import cgroups, child, seccomp, state
+from . import _libc, cgroups, child, seccomp, state
 from .errors import (
     BY_CODE,
     CapsuleError,
@@ -233,9 +233,9 @@ class Run:
         map only its own ids; as root we map 0 and the sandbox user (see plan._id_map)."""
         proc = f"/proc/{self.pid_a}"
         if self.plan.rootless:
-            _write_file(f"{proc}/setgroups", "deny")
-        _write_file(f"{proc}/uid_map", self.plan.uid_map)
-        _write_file(f"{proc}/gid_map", self.plan.gid_map)
+            _libc.write_control_file(f"{proc}/setgroups", "deny")
+        _libc.write_control_file(f"{proc}/uid_map", self.plan.uid_map)
+        _libc.write_control_file(f"{proc}/gid_map", self.plan.gid_map)
 
     # ------------------------------------------------------------------ running
     def _loop(self, ctl: socket.socket, out_r: int, err_r: int, rep_r: int, in_w: int | None) -> None:
@@ -508,7 +508,6 @@ class Run:
         if self.ready is None:
             return None
         flags = self.plan.unshare_flags
-        from . import _libc
 
         facts = self.ready.get("status", {})
         caps = {k: facts.get(k, "?") for k in ("CapEff", "CapPrm", "CapInh", "CapBnd", "CapAmb")}
@@ -560,17 +559,6 @@ def plan_cpu_limited(plan: Plan, usage: resource.struct_rusage) -> bool:
     """Without a cgroup, RLIMIT_CPU's hard limit ends the command with SIGKILL: was it that?"""
     limit = plan.limits.cpu_time_ms
     return limit is not None and (usage.ru_utime + usage.ru_stime) * 1000 >= limit
-
-
-def _write_file(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        os.write(fd, text.encode())
-    except OSError as exc:
-        exc.filename = path
-        raise
-    finally:
-        os.close(fd)
 
 
 def _read_all(fd: int) -> bytes:

@@ -12,6 +12,7 @@ import os
 import signal
 from collections.abc import Sequence
 
+from .._libc import write_control_file
 from ..plan import Plan
 from . import CgroupRun, Detected, Stats, owner_alive, rmdir_retry, run_name
 
@@ -24,17 +25,6 @@ def _read(path: str) -> str:
             return fh.read()
     except OSError:
         return ""
-
-
-def _write(path: str, value: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
-    try:
-        os.write(fd, value.encode())
-    except OSError as exc:
-        exc.filename = path
-        raise
-    finally:
-        os.close(fd)
 
 
 def _keyed(text: str) -> dict[str, int]:
@@ -56,7 +46,7 @@ def _enable_controllers(parent: str, wanted: Sequence[str]) -> None:
     enabled = set(_read(os.path.join(parent, "cgroup.subtree_control")).split())
     missing = [c for c in wanted if c in available and c not in enabled]
     if missing:
-        _write(os.path.join(parent, "cgroup.subtree_control"), " ".join("+" + c for c in missing))
+        write_control_file(os.path.join(parent, "cgroup.subtree_control"), " ".join("+" + c for c in missing))
 
 
 class V2Run(CgroupRun):
@@ -79,28 +69,28 @@ class V2Run(CgroupRun):
         run = cls(path)
         try:
             lim = plan.limits
-            _write(f"{path}/memory.max", str(lim.memory_bytes))
+            write_control_file(f"{path}/memory.max", str(lim.memory_bytes))
             if os.path.exists(f"{path}/memory.swap.max"):
-                _write(f"{path}/memory.swap.max", "0")
-            _write(f"{path}/memory.oom.group", "1")
-            _write(f"{path}/pids.max", str(lim.max_pids))
+                write_control_file(f"{path}/memory.swap.max", "0")
+            write_control_file(f"{path}/memory.oom.group", "1")
+            write_control_file(f"{path}/pids.max", str(lim.max_pids))
             quota = "max" if lim.cpu_quota is None else str(max(1000, int(lim.cpu_quota * PERIOD_US)))
-            _write(f"{path}/cpu.max", f"{quota} {PERIOD_US}")
-            _write(f"{path}/cpu.weight", str(cpu_weight(lim.cpu_shares)))
+            write_control_file(f"{path}/cpu.max", f"{quota} {PERIOD_US}")
+            write_control_file(f"{path}/cpu.weight", str(cpu_weight(lim.cpu_shares)))
         except BaseException:
             run.remove()
             raise
         return run
 
     def add_pid(self, pid: int) -> None:
-        _write(f"{self.path}/cgroup.procs", str(pid))
+        write_control_file(f"{self.path}/cgroup.procs", str(pid))
 
     def cpu_time_ms(self) -> int:
         return _keyed(_read(f"{self.path}/cpu.stat")).get("usage_usec", 0) // 1000
 
     def kill(self) -> None:
         try:
-            _write(f"{self.path}/cgroup.kill", "1")
+            write_control_file(f"{self.path}/cgroup.kill", "1")
         except OSError:
             for pid in _read(f"{self.path}/cgroup.procs").split():  # kernels before 5.14
                 try:
