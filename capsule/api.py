@@ -16,9 +16,10 @@ log = logging.getLogger("capsule")
 
 
 def _error_response(execution_id: str, started: str, exc: CapsuleError) -> ExecutionResponse:
+    status = exc.status if exc.code.startswith(("E3", "E4", "E5")) else "error"
     return ExecutionResponse(
-        execution_id=execution_id, status=exc.status if exc.code.startswith(("E3", "E4", "E5")) else "error",
-        timestamps={"started": started, "completed": utc_now()}, error=exc.to_dict(),
+        execution_id=execution_id, status=status, timestamps={"started": started, "completed": utc_now()},
+        error=exc.to_dict(), limits_hit=["wall_time"] if status == "timeout" else None,  # a busy session
     )
 
 

@@ -218,6 +218,20 @@ def test_readonly_bind_and_writable_bind(tmp_path) -> None:
     assert doc["stdout"] == "ok\n" and (data / "new").read_text() == "out\n"
 
 
+def test_busy_session_waits_then_times_out() -> None:
+    import fcntl
+
+    from capsule import state
+
+    name = f"busy-{uuid.uuid4().hex[:8]}"
+    assert run({"command": ["true"], "session": name})["status"] == "success"
+    with open(os.path.join(state.sessions_dir(), f"{name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another run of the session holds it
+        doc = run({"command": ["true"], "session": name, "timeout_ms": 300})
+    assert doc["status"] == "timeout" and doc["error"]["code"] == "E3001" and doc["limits_hit"] == ["wall_time"]
+    assert doc["_exit"] == 124
+
+
 def test_sessions_keep_files_between_runs() -> None:
     name = f"s-{uuid.uuid4().hex[:8]}"
     assert run({"command": ["sh", "-c", "echo 1 > state"], "session": name})["status"] == "success"
@@ -296,3 +310,21 @@ def test_check_reports_the_host() -> None:
     assert status == 0 and doc["user_namespaces"]["ok"] is True and doc["pivot_root"] is True
     assert doc["root"] is ROOT and doc["profiles"]["default"]["runs"] is True
     assert doc["cgroup"]["version"] in ("v1", "v2", "none")
+
+
+def test_root_inside_only_where_the_profile_asks(tmp_path) -> None:  # noqa: ANN001
+    assert run({"command": ["id", "-u"]})["stdout"] == "1000\n"
+    (tmp_path / "rootish.toml").write_text('extends = "default"\n[policy]\nuser = "root"\n')
+    doc = run({"command": ["sh", "-c", "id -u; grep CapEff /proc/self/status; echo x > /etc/x 2>&1 || echo ro"]},
+              profile="rootish", config=str(tmp_path))
+    assert doc["stdout"].splitlines() == ["0", "CapEff:\t0000000000000000", "ro"], doc["stdout"]
+    assert doc["isolation"]["capabilities"] == "none"
+
+
+def test_network_only_where_the_profile_grants_it(tmp_path) -> None:  # noqa: ANN001
+    (tmp_path / "net.toml").write_text('extends = "default"\n[policy]\nnetwork = true\n')
+    doc = run({"command": ["sh", "-c", "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"],
+               "isolation": {"network": True}}, profile="net", config=str(tmp_path))
+    with open("/proc/net/dev") as fh:
+        host = sorted(line.split(":")[0].strip() for line in fh.readlines()[2:])
+    assert sorted(doc["stdout"].split()) == host and doc["isolation"]["net_ns"] is False
