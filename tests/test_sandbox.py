@@ -312,7 +312,7 @@ def test_check_reports_the_host() -> None:
     assert doc["cgroup"]["version"] in ("v1", "v2", "none")
 
 
-def test_root_inside_only_where_the_profile_asks(tmp_path) -> None:  # noqa: ANN001
+def test_root_inside_only_where_the_profile_asks(tmp_path) -> None:
     assert run({"command": ["id", "-u"]})["stdout"] == "1000\n"
     (tmp_path / "rootish.toml").write_text('extends = "default"\n[policy]\nuser = "root"\n')
     doc = run({"command": ["sh", "-c", "id -u; grep CapEff /proc/self/status; echo x > /etc/x 2>&1 || echo ro"]},
@@ -321,7 +321,7 @@ def test_root_inside_only_where_the_profile_asks(tmp_path) -> None:  # noqa: ANN
     assert doc["isolation"]["capabilities"] == "none"
 
 
-def test_network_only_where_the_profile_grants_it(tmp_path) -> None:  # noqa: ANN001
+def test_network_only_where_the_profile_grants_it(tmp_path) -> None:
     (tmp_path / "net.toml").write_text('extends = "default"\n[policy]\nnetwork = true\n')
     doc = run({"command": ["sh", "-c", "tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '"],
                "isolation": {"network": True}}, profile="net", config=str(tmp_path))
