@@ -97,14 +97,13 @@ def main() -> None:
     seccomp_lines = [line for line in out.stderr.splitlines() if "pyseccomp" in line]
     print(f"import capsule.cli: {total[-1].split('|')[1].strip() if total else '?'} us cumulative; "
           f"pyseccomp imported at CLI start: {'yes' if seccomp_lines else 'no'}")
-    t = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "import pyseccomp"], check=True)
-    slow = (time.perf_counter() - t) * 1000
-    t = time.perf_counter()
-    subprocess.run([sys.executable, "-c", "from capsule import seccomp; seccomp._pyseccomp()"], check=True)
-    fast = (time.perf_counter() - t) * 1000
-    print(f"python + `import pyseccomp`: {slow:.0f} ms plain, {fast:.0f} ms with capsule's library lookup")
-
+    probe = "import time, ctypes.util; t = time.perf_counter(); {}; print((time.perf_counter() - t) * 1000)"
+    plain = [float(subprocess.run([sys.executable, "-c", probe.format("import pyseccomp")], check=True,
+                                  capture_output=True, text=True).stdout) for _ in range(5)]
+    fast = [float(subprocess.run([sys.executable, "-c", "from capsule import seccomp; " + probe.format(
+        "seccomp._pyseccomp()")], check=True, capture_output=True, text=True).stdout) for _ in range(5)]
+    print(f"`import pyseccomp` in a fresh interpreter: {statistics.median(plain):.1f} ms as is, "
+          f"{statistics.median(fast):.1f} ms with capsule's direct library lookup (no `ldconfig -p`)")
 
 if __name__ == "__main__":
     main()
