@@ -102,6 +102,7 @@ class Run:
         self.listener: int | None = None  # the seccomp user-notification fd, once C sends it
         self.violations: list[seccomp.Violation] = []  # the first few, for the error details
         self.denied: dict[str, int] = {}  # every denied call, counted by name
+        self.stdin_w: int | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def execute(self) -> ExecutionResponse:
@@ -115,14 +116,28 @@ class Run:
             try:
                 self._fork_and_supervise()
             finally:
-                stats = self.cgroup.stats() if self.cgroup else None
-                if self.cgroup:
-                    self.cgroup.remove()
+                stats = self._cgroup_stats_and_remove()
             return self._respond(stats)
         finally:
             prctl.set_dumpable(was_dumpable)
             if lock_fd is not None:
                 os.close(lock_fd)
+
+    def _cgroup_stats_and_remove(self) -> cgroups.Stats | None:
+        """Figures first (they vanish with the group), then the group. Neither failure may
+        cost the caller the response: say it in `warnings` instead."""
+        if self.cgroup is None:
+            return None
+        stats = None
+        try:
+            stats = self.cgroup.stats()
+        except (OSError, ValueError) as exc:
+            self.warnings.append(f"cgroup figures unreadable ({exc}); metrics fall back to rusage")
+        try:
+            self.cgroup.remove()
+        except OSError as exc:
+            self.warnings.append(f"cgroup not removed ({exc}); `capsule-run check --clean` collects it")
+        return stats
 
     def _lock_session(self) -> int:
         """Two runs of one session never run at once: the second waits, up to its timeout."""
@@ -168,21 +183,19 @@ class Run:
             if fd is not None:
                 os.close(fd)
         ctl = ctl_parent
+        self.stdin_w = in_w  # _loop closes it once everything is written; None from then on
         try:
             self._handshake(ctl, rep_r)
-            self._loop(ctl, out_r, err_r, rep_r, in_w)
+            self._loop(ctl, out_r, err_r, rep_r)
         finally:
             self._kill_hard()
             _, _status, usage = os.wait4(self.pid_a, 0)
             self.rusage = usage
             self.ended_at = self.ended_at or time.monotonic()
             ctl.close()
-            for fd in (out_r, err_r, rep_r, in_w):
+            for fd in (out_r, err_r, rep_r, self.stdin_w):
                 if fd is not None:
-                    try:
-                        os.close(fd)
-                    except OSError:
-                        pass
+                    os.close(fd)
             if self.pidfd_b is not None:
                 os.close(self.pidfd_b)
             if self.listener is not None:
@@ -238,7 +251,7 @@ class Run:
         _libc.write_control_file(f"{proc}/gid_map", self.plan.gid_map)
 
     # ------------------------------------------------------------------ running
-    def _loop(self, ctl: socket.socket, out_r: int, err_r: int, rep_r: int, in_w: int | None) -> None:
+    def _loop(self, ctl: socket.socket, out_r: int, err_r: int, rep_r: int) -> None:
         plan = self.plan
         streams = {out_r: _Stream("stdout", plan.limits.max_output_bytes),
                    err_r: _Stream("stderr", plan.limits.max_output_bytes)}
@@ -250,9 +263,9 @@ class Run:
         ctl.setblocking(False)
         sel.register(ctl, selectors.EVENT_READ)
         stdin_view = memoryview(plan.stdin or b"")
-        if in_w is not None:
-            os.set_blocking(in_w, False)
-            sel.register(in_w, selectors.EVENT_WRITE)
+        if self.stdin_w is not None:
+            os.set_blocking(self.stdin_w, False)
+            sel.register(self.stdin_w, selectors.EVENT_WRITE)
         ctl_buf = b""
         ctl_eof = report_eof = False
         hard_kill_at: float | None = None
@@ -318,17 +331,17 @@ class Run:
                         if msg.get("event") == "exit":
                             self.exit_report = msg
                             self.ended_at = time.monotonic()
-                elif in_w is not None and fd == in_w:
+                elif fd == self.stdin_w:
                     try:
-                        stdin_view = stdin_view[os.write(in_w, stdin_view[:65536]):]
+                        stdin_view = stdin_view[os.write(fd, stdin_view[:65536]):]
                     except BlockingIOError:
                         continue
                     except OSError:  # EPIPE: the command closed its stdin
                         stdin_view = memoryview(b"")
                     if not stdin_view:
-                        sel.unregister(in_w)
-                        os.close(in_w)
-                        in_w = None
+                        sel.unregister(fd)
+                        os.close(fd)
+                        self.stdin_w = None
 
             now = time.monotonic()
             if self.setup_error is not None and report_eof and self.stop_reason is None:
