@@ -18,6 +18,7 @@ Python library is no longer reachable, DESIGN.md section 2).
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import os
 import re
@@ -300,9 +301,7 @@ def _exec_in_child(plan: Plan, fds: ChildFds) -> None:
     try:
         os.execvpe(plan.argv[0], list(plan.argv), plan.env)
     except OSError as exc:
-        import errno as _errno
-
-        not_found = exc.errno in (_errno.ENOENT, _errno.ENOTDIR)
+        not_found = exc.errno in (errno.ENOENT, errno.ENOTDIR)
         raise CommandNotStarted(
             f"{plan.argv[0]!r}: {exc.strerror}", stage="exec", errno=exc.errno,
             reason="not found" if not_found else "not executable",
