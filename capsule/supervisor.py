@@ -545,7 +545,7 @@ class Run:
             self.warnings.append(f"seccomp denied: {denied}")
         if stats is not None and stats.pids_limit_hit and "pids" not in self.limits_hit:
             self.limits_hit.append("pids")
-        if stats is not None and stats.oom_kills and "memory" not in self.limits_hit:
+        if stats is not None and (stats.oom_kills or stats.memory_limit_hit) and "memory" not in self.limits_hit:
             self.limits_hit.append("memory")
         started = self.ready is not None and (self.setup_error is None or self.setup_error.code == "E3003")
         resp = ExecutionResponse(

@@ -75,7 +75,7 @@ def test_v2_writes_every_limit_before_anything_runs(tmp_path: Path, monkeypatch:
     stats = run_.stats()
     assert (stats.cpu_time_ms, stats.user_time_ms, stats.kernel_time_ms) == (1500, 1000, 500)
     assert stats.max_memory_bytes == 100 << 20 and stats.pids_peak == 7 and stats.oom_kills == 1
-    assert stats.pids_limit_hit and (stats.io_bytes_read, stats.io_bytes_written) == (4096, 8192)
+    assert stats.pids_limit_hit and stats.memory_limit_hit and (stats.io_bytes_read, stats.io_bytes_written) == (4096, 8192)
     assert stats.source == "cgroup-v2"
     assert run_.cpu_time_ms() == 1500
     run_.kill()

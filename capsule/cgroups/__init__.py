@@ -41,6 +41,7 @@ class Stats:
     pids_peak: int | None = None
     oom_kills: int = 0
     pids_limit_hit: bool = False
+    memory_limit_hit: bool = False  # the group reached its limit (reclaim), OOM or not
 
     def as_metrics(self) -> dict[str, Any]:
         return {

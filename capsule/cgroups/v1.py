@@ -167,6 +167,8 @@ class V1Run(CgroupRun):
             pids_peak=pids_peak,
             oom_kills=int(oom.get("oom_kill", 0)),
             pids_limit_hit=int(events.get("max", 0)) > 0,
+            # failcnt counts the times usage hit the limit (and reclaim ran), not OOM kills.
+            memory_limit_hit=int(mem.get_property(b"memory.failcnt")) > 0,
         )
 
     def remove(self) -> None:

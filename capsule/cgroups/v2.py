@@ -119,6 +119,7 @@ class V2Run(CgroupRun):
             pids_peak=int(pids_peak) if pids_peak.isdigit() else None,
             oom_kills=events.get("oom_kill", 0),
             pids_limit_hit=pids_events.get("max", 0) > 0,
+            memory_limit_hit=events.get("max", 0) > 0 or events.get("oom_kill", 0) > 0,
         )
 
     def remove(self) -> None:
