@@ -27,7 +27,7 @@ venv: $(BIN)/capsule-run
 $(BIN)/capsule-run: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q --config-settings editable_mode=compat -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev]'
 	@touch $@
 
 run: install
