@@ -6,6 +6,7 @@ import logging
 import os
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from .errors import CapsuleError, InternalError
@@ -28,7 +29,7 @@ def execute(
     *,
     profile: str | None = None,
     config: str | None = None,
-    on_event: Any = None,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
 ) -> ExecutionResponse:
     """Run one request in a fresh sandbox and return its response. Never raises for a bad
     request or a failed sandbox: every outcome is a response (PROTOCOL.md section 1).

@@ -20,6 +20,7 @@ import codecs
 import errno
 import fcntl
 import json
+import logging
 import os
 import resource
 import select
@@ -53,6 +54,7 @@ from .models import ExecutionResponse, utc_now
 from .plan import Plan
 
 EventSink = Callable[[dict[str, Any]], None]
+log = logging.getLogger("capsule")
 
 SETUP_TIMEOUT_S = 15.0  # unshare, maps, mounts, files: far less in practice
 STOP_GRACE_S = 2.0  # from "stop" (SIGUSR1 to B) to SIGKILL
@@ -113,6 +115,9 @@ class Run:
         prctl.set_dumpable(False)
         try:
             self.cgroup = cgroups.create_for_run(self.plan, self.warnings)
+            log.info("%s: profile %s, cgroup %s, seccomp %s, %s", self.plan.execution_id, self.plan.profile,
+                     self.cgroup.where if self.cgroup else "none",
+                     self.plan.seccomp, "rootless" if self.plan.rootless else "as root")
             try:
                 self._fork_and_supervise()
             finally:
@@ -538,6 +543,10 @@ class Run:
 
     def _respond(self, stats: cgroups.Stats | None) -> ExecutionResponse:
         status, error, exit_code, signame = self._classify(stats)
+        log.info("%s: %s%s, setup %.1f ms, ran %.1f ms", self.plan.execution_id, status,
+                 f" {error.code}" if error else f" exit {exit_code}",
+                 ((self.exec_at or self.t0) - self.t0) * 1000,
+                 ((self.ended_at or time.monotonic()) - (self.exec_at or self.t0)) * 1000)
         if (self.exit_report or {}).get("file_size_hit") and "file_size" not in self.limits_hit:
             self.limits_hit.append("file_size")
         if self.denied:

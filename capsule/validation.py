@@ -13,7 +13,6 @@ import binascii
 import json
 import os
 import re
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -300,13 +299,22 @@ def _environment(value: Any) -> dict[str, str]:
     return env
 
 
+def new_execution_id() -> str:
+    """A random (version 4) UUID, without importing uuid (which imports platform: ~5 ms)."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = (raw[6] & 0x0F) | 0x40
+    raw[8] = (raw[8] & 0x3F) | 0x80
+    h = raw.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
 def request_id(obj: Any) -> str:
     """The execution_id to answer with: the request's own if it is valid, else a fresh UUID."""
     if isinstance(obj, dict):
         value = obj.get("execution_id")
         if isinstance(value, str) and _ID_RE.fullmatch(value):
             return value
-    return str(uuid.uuid4())
+    return new_execution_id()
 
 
 def validate_shape(obj: dict[str, Any]) -> ExecutionRequest:
@@ -315,7 +323,7 @@ def validate_shape(obj: dict[str, Any]) -> ExecutionRequest:
     if "command" not in obj:
         raise _bad("command", "is required")
     values = {name: check(obj[name]) for name, check in TOP_LEVEL.items() if name in obj}
-    values["execution_id"] = values.get("execution_id") or str(uuid.uuid4())
+    values["execution_id"] = values.get("execution_id") or new_execution_id()
     return ExecutionRequest(**values)
 
 

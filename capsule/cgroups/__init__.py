@@ -17,7 +17,6 @@ import functools
 import os
 import re
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +55,7 @@ class CgroupRun:
     """One run's group. Subclasses: v2.V2Run, v1.V1Run."""
 
     version = "none"
+    where = ""  # for logs: the group's path (v2) or its parent hierarchies (v1)
 
     def add_pid(self, pid: int) -> None:
         raise NotImplementedError
@@ -159,7 +159,7 @@ def detect() -> Detected:
 
 
 def run_name() -> str:
-    return f"run-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    return f"run-{os.getpid()}-{os.urandom(6).hex()}"
 
 
 def owner_alive(name: str, path: str) -> bool:

@@ -67,6 +67,8 @@ class V1Run(CgroupRun):
     def __init__(self, paths: dict[str, str]) -> None:
         self.paths = paths  # controller -> this run's directory in that hierarchy
         self.ctl = {name: _controller(name, path) for name, path in paths.items() if name in CONTROLLER_TYPES}
+        first = next(iter(paths.values()), "")
+        self.where = f"v1 {','.join(paths)} {os.path.basename(first)}"
 
     @classmethod
     def create(cls, found: Detected, plan: Plan) -> V1Run:

@@ -54,6 +54,7 @@ class V2Run(CgroupRun):
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.where = path
 
     @classmethod
     def create(cls, found: Detected, plan: Plan) -> V2Run:
