@@ -165,7 +165,11 @@ def sessions_rm(ctx: click.Context, name: str) -> None:
     if not _ID_RE.fullmatch(name):
         _emit(_error_doc(InvalidField(f"session name {name!r} is invalid", field="session")).to_dict())
         ctx.exit(125)
-    _emit({"removed": host.remove_session(name), "session": name})
+    try:
+        _emit({"removed": host.remove_session(name), "session": name})
+    except CapsuleError as exc:
+        _emit(_error_doc(exc).to_dict())
+        ctx.exit(125)
 
 
 def run() -> None:

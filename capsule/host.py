@@ -6,6 +6,7 @@ says no), and cache the answer for the life of the process.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import os
 import shutil
@@ -138,14 +139,24 @@ def list_sessions() -> list[str]:
 
 
 def remove_session(name: str) -> bool:
+    """Delete a session's workspace, unless a run of it holds its lock right now."""
     path = os.path.join(state.sessions_dir(), name)
     if not os.path.isdir(path):
         return False
-    shutil.rmtree(path)
     try:
+        lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise IOFailure(f"session lock {path}.lock: {exc.strerror}", stage="session", errno=exc.errno) from None
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise IOFailure(f"session {name!r} is in use by a running sandbox", stage="session",
+                            hint="wait for the run to end, then remove it") from None
+        shutil.rmtree(path)
         os.unlink(path + ".lock")
-    except FileNotFoundError:
-        pass
+    finally:
+        os.close(lock)
     return True
 
 

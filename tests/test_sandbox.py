@@ -228,6 +228,8 @@ def test_busy_session_waits_then_times_out() -> None:
     with open(os.path.join(state.sessions_dir(), f"{name}.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another run of the session holds it
         doc = run({"command": ["true"], "session": name, "timeout_ms": 300})
+        status, docs, _ = cli(b"", "sessions", "rm", name)  # in use: refused, not deleted under the run
+        assert status == 125 and docs[0]["error"]["code"] == "E6001"
     assert doc["status"] == "timeout" and doc["error"]["code"] == "E3001" and doc["limits_hit"] == ["wall_time"]
     assert doc["_exit"] == 124
 
