@@ -178,14 +178,15 @@ def test_cpu_time_covers_every_child(real_cgroup: str) -> None:
 def test_cpu_quota_slows_a_busy_loop(real_cgroup: str) -> None:
     doc = run({"command": ["python3", "-c", _busy(1.0)], "resources": {"cpu_quota": 0.5}})
     assert doc["status"] == "success"
-    assert 1700 <= doc["metrics"]["wall_time_ms"] <= 3000, doc["metrics"]
+    # Half a core: a second of CPU cannot take less than ~2 s of wall time. (Only the lower
+    # bound is asserted: it fails without the quota, and a busy host cannot make it flake.)
+    assert doc["metrics"]["wall_time_ms"] >= 1.7 * min(doc["metrics"]["cpu_time_ms"], 1000), doc["metrics"]
 
 
 def test_cpu_time_limit_is_e3002(real_cgroup: str) -> None:
     doc = run({"command": ["python3", "-c", "while True: pass"], "resources": {"cpu_time_ms": 500}, "timeout_ms": 10000})
     assert doc["status"] == "timeout" and doc["error"]["code"] == "E3002" and doc["_exit"] == 124
-    assert "cpu_time" in doc["limits_hit"]
-    assert doc["metrics"]["wall_time_ms"] < 5000
+    assert "cpu_time" in doc["limits_hit"] and doc["metrics"]["cpu_time_ms"] >= 500
 
 
 def test_metrics_source_and_isolation_say_cgroup(real_cgroup: str) -> None:
