@@ -72,9 +72,15 @@ def _apply(m: Mount, plan: Plan) -> None:
         flags = _libc.MS_NOSUID | (_libc.MS_NODEV if m.nodev else 0)
         _libc.mount("tmpfs", target, "tmpfs", flags, m.options)
     elif m.kind == "bind":
-        source = OLD + (m.source or "")
-        _make_mountpoint(target, as_file=not os.path.isdir(source))
-        _libc.mount(source, target, None, _libc.MS_BIND | _libc.MS_REC)
+        # The plan resolved and checked the source; mount exactly that object. If a component
+        # became a symlink since (a swap under our feet), openat2 refuses, and the bind goes
+        # through the fd's magic link, so nothing is looked up by name a second time.
+        fd = _libc.open_path_no_symlinks(OLD + (m.source or ""))
+        try:
+            _make_mountpoint(target, as_file=not stat.S_ISDIR(os.fstat(fd).st_mode))
+            _libc.mount(f"{OLD}/proc/self/fd/{fd}", target, None, _libc.MS_BIND | _libc.MS_REC)
+        finally:
+            os.close(fd)
         _remount(target, m.readonly, m.nodev)
     elif m.kind == "proc":
         # Only a process inside the new PID namespace may mount its proc (pid_namespaces(7)).

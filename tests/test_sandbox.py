@@ -330,3 +330,29 @@ def test_network_only_where_the_profile_grants_it(tmp_path) -> None:
     with open("/proc/net/dev") as fh:
         host = sorted(line.split(":")[0].strip() for line in fh.readlines()[2:])
     assert sorted(doc["stdout"].split()) == host and doc["isolation"]["net_ns"] is False
+
+
+def test_bind_source_swapped_for_a_symlink_after_planning_is_refused(tmp_path) -> None:
+    """The plan resolves a source; if a component becomes a symlink before the mount (a swap),
+    the mount is refused instead of following it."""
+    import dataclasses
+    import time as _time
+
+    from capsule import profiles, validation
+    from capsule.models import utc_now
+    from capsule.plan import build_plan
+    from capsule.supervisor import Run
+
+    real = tmp_path / "real"
+    real.mkdir()
+    os.chmod(tmp_path, 0o755)
+    req = validation.validate({"command": ["ls", "/data"],
+                               "isolation": {"bind_mounts": [{"source": str(real), "destination": "/data"}]}})
+    prof = profiles.load_profile("default")
+    plan = build_plan(req, prof, profiles.effective_limits(req, prof))
+    swapped = tmp_path / "swapped"
+    swapped.symlink_to("/usr")  # what an attacker would put in place of the checked directory
+    mounts = tuple(dataclasses.replace(m, source=str(swapped)) if m.target == "/data" else m for m in plan.mounts)
+    resp = Run(dataclasses.replace(plan, mounts=mounts), started=utc_now(), t0=_time.monotonic()).execute()
+    assert resp.status == "error" and resp.error is not None and resp.error["code"] == "E2004", resp.to_dict()
+    assert "symlink" in resp.error["message"] or "Too many levels" in resp.error["message"]
