@@ -66,7 +66,7 @@ def test_v2_writes_every_limit_before_anything_runs(tmp_path: Path, monkeypatch:
     assert (path / "memory.max").read_text() == str(64 << 20)
     assert (path / "memory.swap.max").read_text() == "0"
     assert (path / "memory.oom.group").read_text() == "1"
-    assert (path / "pids.max").read_text() == "20"
+    assert (path / "pids.max").read_text() == "22"  # the command's 20, plus capsule-run's A and B
     assert (path / "cpu.max").read_text() == "50000 100000"
     assert (path / "cpu.weight").read_text() == "200"
     assert (root / "cgroup.subtree_control").read_text() == "+memory +pids +cpu +io"
@@ -74,7 +74,7 @@ def test_v2_writes_every_limit_before_anything_runs(tmp_path: Path, monkeypatch:
     assert (path / "cgroup.procs").read_text() == "4242"
     stats = run_.stats()
     assert (stats.cpu_time_ms, stats.user_time_ms, stats.kernel_time_ms) == (1500, 1000, 500)
-    assert stats.max_memory_bytes == 100 << 20 and stats.pids_peak == 7 and stats.oom_kills == 1
+    assert stats.max_memory_bytes == 100 << 20 and stats.pids_peak == 5 and stats.oom_kills == 1
     assert stats.pids_limit_hit and stats.memory_limit_hit and (stats.io_bytes_read, stats.io_bytes_written) == (4096, 8192)
     assert stats.source == "cgroup-v2"
     assert run_.cpu_time_ms() == 1500
@@ -187,6 +187,14 @@ def test_cpu_time_limit_is_e3002(real_cgroup: str) -> None:
     doc = run({"command": ["python3", "-c", "while True: pass"], "resources": {"cpu_time_ms": 500}, "timeout_ms": 10000})
     assert doc["status"] == "timeout" and doc["error"]["code"] == "E3002" and doc["_exit"] == 124
     assert "cpu_time" in doc["limits_hit"] and doc["metrics"]["cpu_time_ms"] >= 500
+
+
+def test_one_pid_is_enough_for_one_process(real_cgroup: str) -> None:
+    doc = run({"command": ["true"], "resources": {"max_pids": 1}})
+    assert doc["status"] == "success" and doc["limits_hit"] == []
+    assert doc["metrics"]["pids_peak"] in (None, 1)
+    doc = run({"command": ["sh", "-c", "true & wait"], "resources": {"max_pids": 1}})
+    assert "pids" in doc["limits_hit"]
 
 
 def test_metrics_source_and_isolation_say_cgroup(real_cgroup: str) -> None:

@@ -24,6 +24,10 @@ from ..errors import CgroupError
 from ..plan import Plan
 
 REQUIRED = ("memory", "pids", "cpu")
+# capsule-run's own two processes live in the group too (A, outside the PID namespace, and B,
+# its PID 1). `max_pids` counts the command's processes and threads, so the group gets two more,
+# and `pids_peak` is reported without them.
+OWN_PIDS = 2
 
 
 @dataclass

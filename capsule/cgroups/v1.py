@@ -18,7 +18,7 @@ from cgroupspy.interfaces import BaseFileInterface, DictFile, IntegerFile, Multi
 from cgroupspy.nodes import Node
 
 from ..plan import Plan
-from . import CgroupRun, Detected, Stats, owner_alive, rmdir_retry, run_name
+from . import OWN_PIDS, CgroupRun, Detected, Stats, owner_alive, rmdir_retry, run_name
 
 PERIOD_US = 100_000
 USER_HZ = os.sysconf("SC_CLK_TCK")
@@ -92,7 +92,7 @@ class V1Run(CgroupRun):
             mem.limit_in_bytes = lim.memory_bytes
             if os.path.exists(mem.filepath(b"memory.memsw.limit_in_bytes")):
                 mem.memsw_limit_in_bytes = lim.memory_bytes
-            run.ctl["pids"].max = lim.max_pids
+            run.ctl["pids"].max = lim.max_pids + OWN_PIDS
             cpu = run.ctl["cpu"]
             cpu.cfs_period_us = PERIOD_US
             cpu.cfs_quota_us = -1 if lim.cpu_quota is None else max(1000, int(lim.cpu_quota * PERIOD_US))
@@ -158,7 +158,7 @@ class V1Run(CgroupRun):
                 pass
         pids_peak = None
         if os.path.exists(self.ctl["pids"].filepath(b"pids.peak")):
-            pids_peak = int(self.ctl["pids"].get_property(b"pids.peak"))
+            pids_peak = max(0, int(self.ctl["pids"].get_property(b"pids.peak")) - OWN_PIDS)
         return Stats(
             source="cgroup-v1",
             cpu_time_ms=int(acct.get_property(b"cpuacct.usage")) // 1_000_000,

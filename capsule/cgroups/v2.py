@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from .._libc import write_control_file
 from ..plan import Plan
-from . import CgroupRun, Detected, Stats, owner_alive, rmdir_retry, run_name
+from . import OWN_PIDS, CgroupRun, Detected, Stats, owner_alive, rmdir_retry, run_name
 
 PERIOD_US = 100_000
 
@@ -74,7 +74,7 @@ class V2Run(CgroupRun):
             if os.path.exists(f"{path}/memory.swap.max"):
                 write_control_file(f"{path}/memory.swap.max", "0")
             write_control_file(f"{path}/memory.oom.group", "1")
-            write_control_file(f"{path}/pids.max", str(lim.max_pids))
+            write_control_file(f"{path}/pids.max", str(lim.max_pids + OWN_PIDS))
             quota = "max" if lim.cpu_quota is None else str(max(1000, int(lim.cpu_quota * PERIOD_US)))
             write_control_file(f"{path}/cpu.max", f"{quota} {PERIOD_US}")
             write_control_file(f"{path}/cpu.weight", str(cpu_weight(lim.cpu_shares)))
@@ -117,7 +117,7 @@ class V2Run(CgroupRun):
             kernel_time_ms=cpu.get("system_usec", 0) // 1000,
             max_memory_bytes=int(peak) if peak.isdigit() else 0,
             io_bytes_read=rbytes, io_bytes_written=wbytes,
-            pids_peak=int(pids_peak) if pids_peak.isdigit() else None,
+            pids_peak=max(0, int(pids_peak) - OWN_PIDS) if pids_peak.isdigit() else None,
             oom_kills=events.get("oom_kill", 0),
             pids_limit_hit=pids_events.get("max", 0) > 0,
             memory_limit_hit=events.get("max", 0) > 0 or events.get("oom_kill", 0) > 0,
