@@ -217,6 +217,8 @@ class Run:
                 if not chunk:
                     return None
                 buf += chunk
+        except ConnectionResetError:
+            return None
         except TimeoutError:
             raise InternalError("the sandbox did not answer during setup", stage="setup") from None
         return dict(json.loads(buf))
@@ -319,6 +321,8 @@ class Run:
                         chunk, passed, _, _ = socket.recv_fds(ctl, 1 << 20, 1)
                     except BlockingIOError:
                         continue
+                    except ConnectionResetError:  # the peer died with our bytes unread (OOM)
+                        chunk, passed = b"", []
                     for extra in passed:  # only C sends one: its seccomp listener
                         if self.listener is None:
                             self.listener = extra
@@ -491,8 +495,10 @@ class Run:
                                          max_output_bytes=cap, signum=9), None, "SIGKILL"
         if stats is not None and stats.oom_kills:
             self.limits_hit.append("memory")
+            before = "" if self.exec_at is not None else (
+                " before the command started (the sandbox's own init needs a few MB of the limit)")
             return "killed", MemoryLimit(
-                f"the sandbox ran out of its {self.plan.limits.memory_bytes} bytes of memory and was killed",
+                f"the sandbox ran out of its {self.plan.limits.memory_bytes} bytes of memory and was killed{before}",
                 memory_bytes=self.plan.limits.memory_bytes, max_memory_bytes=stats.max_memory_bytes, signum=9,
             ), None, "SIGKILL"
         status = (self.exit_report or {}).get("wait_status")

@@ -136,6 +136,12 @@ def test_memory_limit_is_an_oom_kill(real_cgroup: str) -> None:
     assert doc["error"]["details"]["memory_bytes"] == 64 << 20
 
 
+def test_a_limit_too_small_for_the_sandbox_itself_is_still_e4001(real_cgroup: str) -> None:
+    doc = run({"command": ["true"], "resources": {"memory_bytes": 1 << 20}})
+    assert doc["status"] == "killed" and doc["error"]["code"] == "E4001" and doc["_exit"] == 137, doc
+    assert "before the command started" in doc["error"]["message"]
+
+
 def test_peak_memory_counts_a_large_allocation(real_cgroup: str) -> None:
     doc = run({"command": ["python3", "-c", "x = bytearray(100 * 1024 * 1024); print(len(x))"]})
     assert doc["status"] == "success" and doc["metrics"]["max_memory_bytes"] >= 100 * 1024 * 1024
