@@ -191,7 +191,8 @@ def collect_files_in_child(plan: Plan) -> list[dict[str, Any]]:
 
 def file_size_reached_in_child(plan: Plan, max_entries: int = 20000) -> bool:
     """Did a write reach RLIMIT_FSIZE? A process that ignores SIGXFSZ (Python does) survives
-    with EFBIG, leaving a file of exactly the limit's size: look for one where it can write."""
+    with EFBIG, leaving a file of exactly the limit's size: look for one where it can write.
+    (A request's own `files` larger than the limit are written before the limit is set.)"""
     limit = plan.limits.max_file_bytes
     if limit is None:
         return False
@@ -203,7 +204,7 @@ def file_size_reached_in_child(plan: Plan, max_entries: int = 20000) -> bool:
                 if seen > max_entries:
                     return False
                 try:
-                    if os.lstat(os.path.join(dirpath, name)).st_size >= limit:
+                    if os.lstat(os.path.join(dirpath, name)).st_size == limit:
                         return True
                 except OSError:
                     pass
@@ -332,17 +333,19 @@ def workload_in_child_c(plan: Plan, fds: ChildFds, sfilter: seccomp.BuiltFilter 
         top = min(top, 1 << 20)
         for low, high in zip(keep, keep[1:] + [top], strict=True):
             os.closerange(low + 1, high)
-        apply_rlimits_in_child(plan.rlimits)
         # Python ignores SIGPIPE and SIGXFSZ; a child inherits ignored signals across execve.
         for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGUSR1, signal.SIGTERM, signal.SIGINT,
                     signal.SIGHUP, signal.SIGQUIT):
             signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
         security.set_no_new_privs_in_child()
-        policy = seccomp.load_in_child(sfilter, fds.ctl)  # last: from here on, only allowed calls
+        policy = seccomp.load_in_child(sfilter, fds.ctl)  # from here on, only allowed calls
         facts = security.read_status_facts()
         security.verify_dropped(facts)
         _send(fds.report_w, {"event": "ready", "status": facts, "seccomp": policy})
+        # rlimits last: RLIMIT_NOFILE may leave no room for the fds the steps above open
+        # (prlimit64 is in every policy).
+        apply_rlimits_in_child(plan.rlimits)
         _exec_in_child(plan, fds)
     except BaseException as exc:
         _report_error(fds, exc)

@@ -22,7 +22,9 @@ log = logging.getLogger("capsule")
 
 
 def _dump(obj: Any, pretty: bool = False) -> str:
-    return json.dumps(obj, indent=2 if pretty else None, ensure_ascii=False)
+    # ASCII with \u escapes: no raw U+2028/U+2029 or NEL that a JSON Lines reader splitting on
+    # Unicode line breaks (Python's str.splitlines) would cut a document at.
+    return json.dumps(obj, indent=2 if pretty else None, ensure_ascii=True)
 
 
 def _emit(obj: Any, pretty: bool = False) -> None:

@@ -195,6 +195,26 @@ def test_collected_name_that_is_not_utf8_still_gives_valid_json() -> None:
     assert status == 0 and docs[0]["files"][0]["path"] == "\ufffdx.txt"
 
 
+def test_unicode_line_separators_in_output_do_not_split_json_lines() -> None:
+    status, docs, _ = cli(json.dumps({"command": ["printf", "a\u2028b\u0085c\u2029d"]}).encode(), "--stream")
+    assert status == 0 and docs[-1]["event"] == "result" and docs[-1]["stdout"] == "a\u2028b\u0085c\u2029d"
+
+
+def test_open_files_limit_leaves_the_sandbox_able_to_start() -> None:
+    # Three fds: the sandbox still starts the command (the limit is set last); the dynamic
+    # loader then has no fd left for libc, which is the command's own business.
+    doc = run({"command": ["sh", "-c", "ulimit -n"], "resources": {"max_open_files": 3}})
+    assert doc["status"] == "success" and doc["exit_code"] == 127 and "libc" in doc["stderr"], doc
+    doc = run({"command": ["sh", "-c", "ulimit -n"], "resources": {"max_open_files": 8}})
+    assert doc["status"] == "success" and doc["stdout"] == "8\n", doc
+
+
+def test_request_files_larger_than_max_file_bytes_are_not_a_limit_hit() -> None:
+    doc = run({"command": ["wc", "-c", "a"], "files": [{"path": "a", "content": "x" * 1000}],
+               "resources": {"max_file_bytes": 10}})
+    assert doc["stdout"] == "1000 a\n" and doc["limits_hit"] == []
+
+
 def test_collect_respects_the_byte_budget(tmp_path) -> None:
     (tmp_path / "small.toml").write_text('extends = "default"\n[policy]\nmax_collect_bytes = 10\n')
     doc = run({"command": ["sh", "-c", "head -c 100 /dev/zero > a.bin"], "collect": ["*.bin"]}, profile="small", config=str(tmp_path))
