@@ -120,6 +120,8 @@ class Run:
                      self.plan.seccomp, "rootless" if self.plan.rootless else "as root")
             try:
                 self._fork_and_supervise()
+            except CapsuleError as exc:  # setup broke before the loop; classified with the rest
+                self.setup_error = self.setup_error or exc
             finally:
                 stats = self._cgroup_stats_and_remove()
             return self._respond(stats)
@@ -471,6 +473,14 @@ class Run:
         """(status, error, exit_code, signal name) of this run."""
         timeout_ms = self.plan.limits.timeout_ms
         elapsed_ms = int(((self.ended_at or time.monotonic()) - (self.exec_at or self.t0)) * 1000)
+        if stats is not None and stats.oom_kills and self.exec_at is None:
+            # An OOM kill during setup explains whatever broken setup report came with it.
+            self.limits_hit.append("memory")
+            return "killed", MemoryLimit(
+                f"the sandbox ran out of its {self.plan.limits.memory_bytes} bytes of memory before the command "
+                "started (the sandbox's own init needs a few MB of the limit)",
+                memory_bytes=self.plan.limits.memory_bytes, max_memory_bytes=stats.max_memory_bytes, signum=9,
+            ), None, "SIGKILL"
         if self.setup_error is not None:
             return "error", self.setup_error, None, None
         if self.stop_reason == "setup_time":
@@ -495,10 +505,8 @@ class Run:
                                          max_output_bytes=cap, signum=9), None, "SIGKILL"
         if stats is not None and stats.oom_kills:
             self.limits_hit.append("memory")
-            before = "" if self.exec_at is not None else (
-                " before the command started (the sandbox's own init needs a few MB of the limit)")
             return "killed", MemoryLimit(
-                f"the sandbox ran out of its {self.plan.limits.memory_bytes} bytes of memory and was killed{before}",
+                f"the sandbox ran out of its {self.plan.limits.memory_bytes} bytes of memory and was killed",
                 memory_bytes=self.plan.limits.memory_bytes, max_memory_bytes=stats.max_memory_bytes, signum=9,
             ), None, "SIGKILL"
         status = (self.exit_report or {}).get("wait_status")
