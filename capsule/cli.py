@@ -9,13 +9,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 from typing import Any
 
 import click
 
 from . import api
-from .errors import CapsuleError, InternalError, InvalidField, IOFailure
+from .errors import CapsuleError, InternalError, InvalidField, IOFailure, MonitorError
 from .models import ExecutionResponse
 
 log = logging.getLogger("capsule")
@@ -174,8 +175,18 @@ def sessions_rm(ctx: click.Context, name: str) -> None:
         ctx.exit(125)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, turned into an exception so that the run's cleanup (kill the sandbox, reap it,
+    remove its cgroup) happens on the way out, as it does for ^C."""
+
+
+def _on_sigterm(_signum: int, _frame: object) -> None:
+    raise Terminated()
+
+
 def run() -> None:
     """Entry point: every failure, CLI misuse included, still prints one JSON document."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         code = main.main(standalone_mode=False)  # returns ctx.exit()'s status
         # The answer is out and every sandbox is gone: skip the interpreter's teardown, which
@@ -188,8 +199,12 @@ def run() -> None:
     except click.UsageError as exc:
         _emit(_error_doc(InvalidField(f"command line: {exc.format_message()}", field="argv")).to_dict())
         sys.exit(125)
-    except click.Abort:
-        sys.exit(130)
+    except click.Abort as exc:  # click turns KeyboardInterrupt (and our Terminated) into Abort
+        term = isinstance(exc.__cause__, Terminated)
+        name = "SIGTERM" if term else "SIGINT"
+        _emit(_error_doc(MonitorError(f"capsule-run received {name}: the sandbox was stopped and removed",
+                                      signal=name, hint="nothing to fix: the caller interrupted the run")).to_dict())
+        sys.exit(143 if term else 130)
     except SystemExit:
         raise
     except BaseException as exc:

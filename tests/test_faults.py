@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -46,6 +47,27 @@ def test_sigkill_of_capsule_run_takes_the_sandbox_down_and_is_cleaned() -> None:
     if cgroup_version() != "none":
         run({"command": ["true"]})  # the next run collects what the killed one left
         assert _groups_of(proc.pid) == []
+
+
+def test_sigterm_to_capsule_run_stops_the_sandbox_and_still_answers() -> None:
+    m = marker()
+    proc = subprocess.Popen([*CLI], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(json.dumps({"command": ["sleep", m], "timeout_ms": 60000}).encode())
+    proc.stdin.close()
+    try:
+        deadline = time.monotonic() + 20
+        while not _alive_with(m) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _alive_with(m), "the sandbox never started"
+        proc.send_signal(signal.SIGTERM)
+        out = proc.stdout.read()
+        proc.wait(timeout=10)
+    finally:
+        proc.kill()
+    docs = [json.loads(line) for line in out.decode().splitlines()]
+    assert len(docs) == 1 and docs[0]["error"]["code"] == "E6002" and proc.returncode == 143
+    assert _alive_with(m) == [] and _groups_of(proc.pid) == []
 
 
 def test_check_clean_collects_leftovers() -> None:
