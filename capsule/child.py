@@ -4,7 +4,7 @@
                              A ─fork→ B  = PID 1 of the new PID namespace: root fs, hostname,
                                            lo up; reaps, forwards signals, collects files
                                        B ─fork→ C = the workload: stdio, privileges, files,
-                                                    rlimits, fds, no_new_privs, seccomp, exec
+                                                    fds, no_new_privs, seccomp, rlimits, exec
 
 Every failure before exec goes down the report pipe (CLOEXEC) as one JSON line
 `{"event": "error", "code", "message", "details"}`; C's last line before exec is
