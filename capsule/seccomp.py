@@ -93,15 +93,17 @@ PERSONALITY_QUERY = 0xFFFFFFFF
 POLICIES: dict[str, tuple[str, ...]] = {
     # sh, coreutils, python3 with threads, subprocess, ctypes, numpy/pandas/matplotlib.
     "default": ("@file_io", "@memory", "@threads", "@signals", "@time", "@identity", "@exec", "@process",
-                "@sockets", "@socket_local", "@ipc", "@ioctl", "@personality"),
+                "@sockets", "@socket_local", "@ipc", "@ioctl", "@personality", "@fifo"),
     # One process doing computation: threads but no new processes, no sockets.
     "strict": ("@file_io", "@memory", "@threads", "@signals", "@time", "@identity", "@exec",
                "@clone_thread", "@ioctl", "@personality"),
 }
 # Conditional groups, built in code below: "@socket_local" (socket() for the families above),
 # "@network" (socket() for any family), "@clone_thread" (clone() only with CLONE_THREAD),
-# "@ioctl" (every ioctl but TIOCSTI/TIOCLINUX, compared in 32 bits), "@personality" (query only).
-CONDITIONAL = ("socket_local", "network", "clone_thread", "ioctl", "personality")
+# "@ioctl" (every ioctl but TIOCSTI/TIOCLINUX, compared in 32 bits), "@personality" (query only),
+# "@fifo" (mknod/mknodat of named pipes only: device nodes stay refused).
+CONDITIONAL = ("socket_local", "network", "clone_thread", "ioctl", "personality", "fifo")
+S_IFMT, S_IFIFO = 0o170000, 0o010000
 
 # Never allowed, whatever a profile says: each would let the command widen or leave its cell.
 ALWAYS_DENIED = frozenset((
@@ -252,6 +254,9 @@ def _add_conditional(sc: Any, f: Any, group: str) -> None:
     elif group == "ioctl":
         for mask, value in _ioctl_cover((TIOCSTI, TIOCLINUX)):
             _add(sc, f, sc.ALLOW, "ioctl", sc.Arg(1, sc.MASKED_EQ, mask, value))
+    elif group == "fifo":
+        _add(sc, f, sc.ALLOW, "mknod", sc.Arg(1, sc.MASKED_EQ, S_IFMT, S_IFIFO))
+        _add(sc, f, sc.ALLOW, "mknodat", sc.Arg(2, sc.MASKED_EQ, S_IFMT, S_IFIFO))
     elif group == "personality":
         # Only the query and PER_LINUX: no ADDR_NO_RANDOMIZE (it would turn off ASLR).
         _add(sc, f, sc.ALLOW, "personality", sc.Arg(0, sc.EQ, 0))

@@ -84,6 +84,11 @@ def test_forbidden_call_kills_and_is_named_under_kill_action(name: str, args: tu
     assert doc["signal"] == "SIGSYS" and doc["_exit"] == 159 and "seccomp" in doc["limits_hit"]
 
 
+def test_named_pipes_but_no_device_nodes() -> None:
+    doc = run({"command": ["sh", "-c", "mkfifo /tmp/p && echo fifo-ok; mknod /tmp/n c 1 3 2>/dev/null || echo nodev"]})
+    assert doc["stdout"] == "fifo-ok\nnodev\n" and any("mknodat" in w for w in doc["warnings"]), doc
+
+
 def test_clone3_is_enosys_so_threads_fall_back() -> None:
     doc = syscall("clone3", 0, 0)
     assert doc["stdout"] == "errno 38\n" and "seccomp" not in doc["limits_hit"]
@@ -247,3 +252,10 @@ def test_always_denied_cannot_be_added_by_a_profile() -> None:
     with pytest.raises(InvalidConfig):
         seccomp.check_profile_syscalls(("ptrace",), (), False, "x.toml")
     assert "ptrace" not in {n for names in seccomp.GROUPS.values() for n in names}
+
+
+def test_everyday_tools_need_nothing_the_default_policy_denies() -> None:
+    script = (Path(__file__).parent / "data" / "everyday.sh").read_text()
+    doc = run({"command": ["sh", "-c", script], "timeout_ms": 60000}, profile="python")
+    assert doc["status"] == "success" and doc["stdout"].endswith("python ok\nall-ok\n"), doc.get("stderr", doc)
+    assert "seccomp" not in doc["limits_hit"] and not [w for w in doc.get("warnings", []) if "seccomp" in w]
