@@ -310,7 +310,7 @@ def _exec_in_child(plan: Plan, fds: ChildFds) -> None:
 
 
 def workload_in_child_c(plan: Plan, fds: ChildFds, sfilter: seccomp.BuiltFilter | None) -> None:
-    """Child C: the workload. Each step narrows what the command may do; seccomp last."""
+    """Child C: the workload. Each step narrows what the command may do; seccomp and then the rlimits come last."""
     try:
         security.die_with_parent(1)
         os.setsid()

@@ -1,4 +1,4 @@
-"""Seccomp: syscall allowlists as data, built in the parent, loaded last in the workload.
+"""Seccomp: syscall allowlists as data, built in the parent, loaded in the workload just before exec (only its rlimits follow).
 
 Policies are lists of named groups (below). Every syscall outside the allowlist goes to the
 supervisor as a *user notification* (seccomp_unotify(2)): the filter's listener fd is passed up
