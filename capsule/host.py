@@ -18,29 +18,6 @@ from .plan import OVERFLOW_UID
 from .profiles import Profile, list_profiles, load_profile
 
 
-def _try_in_child(fn: Any) -> tuple[bool, str]:
-    """Run fn() in a forked child; (ok, error text)."""
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r)
-        try:
-            fn()
-            os._exit(0)
-        except OSError as exc:
-            os.write(w, str(exc).encode()[:500])
-            os._exit(1)
-        except BaseException:
-            os._exit(2)
-    os.close(w)
-    message = b""
-    while chunk := os.read(r, 512):
-        message += chunk
-    os.close(r)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status) == 0, message.decode(errors="replace")
-
-
 @functools.lru_cache(maxsize=1)
 def user_namespaces() -> tuple[bool, str]:
     """The whole dance a sandbox needs: a child unshares, we write its id maps, it mounts.

@@ -132,9 +132,3 @@ def build_root_in_child(plan: Plan) -> None:
     except OSError as exc:
         raise _fail(step, exc) from None
 
-
-def is_regular_inside(path: str) -> bool:
-    try:
-        return stat.S_ISREG(os.lstat(path).st_mode)
-    except OSError:
-        return False

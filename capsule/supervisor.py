@@ -475,12 +475,7 @@ class Run:
         elapsed_ms = int(((self.ended_at or time.monotonic()) - (self.exec_at or self.t0)) * 1000)
         if stats is not None and stats.oom_kills and self.exec_at is None:
             # An OOM kill during setup explains whatever broken setup report came with it.
-            self.limits_hit.append("memory")
-            return "killed", MemoryLimit(
-                f"the sandbox ran out of its {self.plan.limits.memory_bytes} bytes of memory before the command "
-                "started (the sandbox's own init needs a few MB of the limit)",
-                memory_bytes=self.plan.limits.memory_bytes, max_memory_bytes=stats.max_memory_bytes, signum=9,
-            ), None, "SIGKILL"
+            return self._oom(stats, " before the command started (the sandbox's own init needs a few MB of the limit)")
         if self.setup_error is not None:
             return "error", self.setup_error, None, None
         if self.stop_reason == "setup_time":
@@ -504,11 +499,7 @@ class Run:
             return "killed", OutputLimit(f"output passed max_output_bytes ({cap}) and the command was stopped",
                                          max_output_bytes=cap, signum=9), None, "SIGKILL"
         if stats is not None and stats.oom_kills:
-            self.limits_hit.append("memory")
-            return "killed", MemoryLimit(
-                f"the sandbox ran out of its {self.plan.limits.memory_bytes} bytes of memory and was killed",
-                memory_bytes=self.plan.limits.memory_bytes, max_memory_bytes=stats.max_memory_bytes, signum=9,
-            ), None, "SIGKILL"
+            return self._oom(stats, " and was killed")
         status = (self.exit_report or {}).get("wait_status")
         if status is None:
             return "error", InternalError("the sandbox's init ended without reporting the command's status",
@@ -535,6 +526,12 @@ class Run:
                                          "x32), which the filter kills outright", signum=signum, syscall=None,
                                          syscall_unknown="non-native ABI: the kernel kills before any report"), None, name
         return "killed", CommandSignaled(f"the command died of {name}", signal=name, signum=signum), None, name
+
+    def _oom(self, stats: cgroups.Stats, when: str) -> tuple[str, CapsuleError | None, int | None, str | None]:
+        self.limits_hit.append("memory")
+        limit = self.plan.limits.memory_bytes
+        return "killed", MemoryLimit(f"the sandbox ran out of its {limit} bytes of memory{when}", memory_bytes=limit,
+                                     max_memory_bytes=stats.max_memory_bytes, signum=9), None, "SIGKILL"
 
     def _isolation(self) -> dict[str, Any] | None:
         if self.ready is None:
